@@ -1,0 +1,182 @@
+"""Byte accounting and the per-token layout of the compressed KV cache.
+
+This module is the single owner of the bytes-per-token arithmetic. The pool allocates its
+buffers from `loop_segments`, SGLang's cell size is `kv_bytes_per_token`, the CLI
+(`sglang-rq kv-size`) and the Prometheus gauges print the same numbers.
+
+Per (token, physical layer, K-or-V, KV head) and loop ``i`` stored with ``b`` bits in groups of
+``g`` along ``head_dim = D`` (DESIGN.md section 1, "Bit accounting"):
+
+* integer codes: ``D * b / 8`` bytes,
+* FP8 scale + FP8 offset per group: ``2 * D / g`` bytes,
+* BF16 least-squares coefficient ``c_i`` (residual loops with LSQ on): 2 bytes,
+* a 16-bit loop stores ``2 * D`` bytes and nothing else; a 0-bit loop stores only ``c_i``.
+
+Ouro-1.4B (24 layers, 4 loops, 16 KV heads, D = 128, g = 32, anchor INT4, residuals INT2):
+anchor 64 + 8 = 72 B, residual 32 + 8 + 2 = 42 B, all loops 72 + 3*42 = 198 B,
+per token 198 * 2 * 16 * 24 = 152,064 B versus 4 * 2 * 16 * 24 * 128 * 2 = 786,432 B in BF16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sglang_rq.config import RQConfig, RQConfigError
+
+FP8_BYTES = 1
+BF16_BYTES = 2
+
+
+@dataclass(frozen=True)
+class ModelKVShape:
+    """The KV shape of a (looped) model.
+
+    Attributes: ``num_layers`` physical layers, ``num_loops`` loops (1 for a plain model),
+    ``num_kv_heads`` KV heads (on this rank), ``head_dim`` elements per head.
+    """
+
+    num_layers: int
+    num_loops: int
+    num_kv_heads: int
+    head_dim: int
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "num_loops", "num_kv_heads", "head_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ModelKVShape.{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def elements_per_token(self) -> int:
+        """K and V elements per token over all layers and loops."""
+        return 2 * self.num_layers * self.num_loops * self.num_kv_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class LoopSegment:
+    """How one loop is stored, per (token, physical layer, K-or-V, KV head).
+
+    ``role`` is ``anchor`` (stored on its own, ``bits`` in 1..16), ``residual`` (stored as
+    ``c * base + R^T deq(r')`` against loop ``base``), ``shared`` (0 bits: ``c * base``).
+    ``code_bytes``, ``meta_bytes`` (FP8 scale+offset), ``coef_bytes`` (BF16 c) are bytes.
+    """
+
+    loop_id: int
+    role: str
+    bits: int
+    base: int
+    code_bytes: int
+    meta_bytes: int
+    coef_bytes: int
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of this loop per (token, layer, K-or-V, head)."""
+        return self.code_bytes + self.meta_bytes + self.coef_bytes
+
+    @property
+    def is_quantized(self) -> bool:
+        """True if the loop has integer codes with FP8 scale/offset (1..8 bits)."""
+        return 0 < self.bits < 16
+
+
+def loop_segments(shape: ModelKVShape, cfg: RQConfig) -> tuple[LoopSegment, ...]:
+    """Storage of every loop of ``shape`` under ``cfg``, ordered by loop id.
+
+    Raises
+    ------
+    RQConfigError
+        If the group size does not divide head_dim, or the loop bits / loop groups do not fit
+        the model (messages name the ``--rq-*`` flag).
+    """
+    d, g = shape.head_dim, cfg.group_size
+    if d % g != 0:
+        raise RQConfigError(
+            f"--rq-group-size={g} does not divide the model's head_dim={d}; choose a group size "
+            f"in {[s for s in (16, 32, 64) if d % s == 0]}"
+        )
+    bits = cfg.bits_for_loops(shape.num_loops)
+    segs = []
+    for loop_id, b in enumerate(bits):
+        base = cfg.anchor_of(loop_id, shape.num_loops)
+        role = "anchor" if base == loop_id else ("shared" if b == 0 else "residual")
+        if b == 16:
+            code, meta = BF16_BYTES * d, 0
+        else:
+            if (d * b) % 8 != 0:
+                raise RQConfigError(f"head_dim={d} x {b} bits is not a whole number of bytes")
+            code, meta = d * b // 8, (2 * FP8_BYTES * d // g if b > 0 else 0)
+        coef = BF16_BYTES if (role != "anchor" and cfg.lsq) else 0
+        segs.append(LoopSegment(loop_id, role, b, base, code, meta, coef))
+    return tuple(segs)
+
+
+def kv_bytes_per_token(shape: ModelKVShape, cfg: RQConfig) -> int:
+    """Bytes of KV cache per token for the whole model (all layers, loops, heads, K and V).
+
+    This is SGLang's ``cell_size`` with the RQ pool; with ``cfg.enabled == False`` it is the
+    BF16 figure. Ouro-1.4B at the default format: 152,064.
+    """
+    if not cfg.enabled:
+        return bf16_bytes_per_token(shape)
+    per_head = sum(s.nbytes for s in loop_segments(shape, cfg))
+    return per_head * 2 * shape.num_kv_heads * shape.num_layers
+
+
+def bf16_bytes_per_token(shape: ModelKVShape) -> int:
+    """Bytes per token of a plain BF16 cache with one slot per (loop, layer)."""
+    return shape.elements_per_token * BF16_BYTES
+
+
+def effective_bits(shape: ModelKVShape, cfg: RQConfig) -> float:
+    """Average stored bits per K/V element, all metadata included (3.094 for Ouro default)."""
+    return kv_bytes_per_token(shape, cfg) * 8 / shape.elements_per_token
+
+
+def staged_loops(shape: ModelKVShape, cfg: RQConfig) -> int:
+    """Loops held in BF16 staging until the last loop of their group commits them."""
+    if not cfg.enabled:
+        return 0
+    return cfg.group_len(shape.num_loops) - 1
+
+
+def staging_bytes(shape: ModelKVShape, cfg: RQConfig, *, staging_tokens: int,
+                  dtype_bytes: int = BF16_BYTES) -> int:
+    """Fixed bytes of the staging buffer for ``staging_tokens`` in-flight tokens per forward.
+
+    Layout ``[staged_loops, num_layers, staging_tokens, 2, num_kv_heads, head_dim]``.
+    """
+    return (staged_loops(shape, cfg) * shape.num_layers * staging_tokens * 2
+            * shape.num_kv_heads * shape.head_dim * dtype_bytes)
+
+
+def rotation_bytes(shape: ModelKVShape, cfg: RQConfig) -> int:
+    """Fixed bytes of the fp32 rotation matrices ``[num_layers, num_kv_heads, D, D]``."""
+    if not cfg.enabled or cfg.rotation == "none":
+        return 0
+    return shape.num_layers * shape.num_kv_heads * shape.head_dim * shape.head_dim * 4
+
+
+def tokens_in_budget(shape: ModelKVShape, cfg: RQConfig, *, budget_bytes: int,
+                     staging_tokens: int = 0) -> int:
+    """Token slots that fit in ``budget_bytes`` after the fixed staging and rotation bytes."""
+    fixed = staging_bytes(shape, cfg, staging_tokens=staging_tokens) + rotation_bytes(shape, cfg)
+    return max(0, (budget_bytes - fixed) // kv_bytes_per_token(shape, cfg))
+
+
+def decode_read_bytes_per_token(shape: ModelKVShape, cfg: RQConfig) -> int:
+    """Bytes one decode step reads per history token (all loops, layers, heads, K and V).
+
+    Loop i reads its own segment plus, transitively, its base's (414 B per token-head-K/V
+    for the Ouro default versus 1024 in BF16).
+    """
+    if not cfg.enabled:
+        return bf16_bytes_per_token(shape)
+    segs = loop_segments(shape, cfg)
+    total = 0
+    for s in segs:
+        loop = s
+        total += loop.nbytes
+        while loop.base != loop.loop_id:
+            loop = segs[loop.base]
+            total += loop.nbytes
+    return total * 2 * shape.num_kv_heads * shape.num_layers
