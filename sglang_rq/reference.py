@@ -74,7 +74,7 @@ def quantize_groups(x: torch.Tensor, *, bits: int, group_size: int
     float32, both exactly representable in FP8 e4m3fn.
     """
     levels = (1 << bits) - 1
-    xg = x.float().reshape(*x.shape[:-1], -1, group_size)  # [..., G, g]
+    xg = x.float().reshape(*x.shape[:-1], x.shape[-1] // group_size, group_size)  # [..., G, g]
     offset = fp8_round(xg.amin(-1), direction="down")
     scale = fp8_round((xg.amax(-1) - offset) / levels, direction="up")
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
@@ -86,14 +86,14 @@ def quantize_groups(x: torch.Tensor, *, bits: int, group_size: int
 def dequantize_groups(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, *,
                       group_size: int) -> torch.Tensor:
     """Inverse of `quantize_groups`: ``offset + scale * code``, ``[..., D]`` float32."""
-    cg = codes.float().reshape(*codes.shape[:-1], -1, group_size)
+    cg = codes.float().reshape(*codes.shape[:-1], codes.shape[-1] // group_size, group_size)
     return (offset.unsqueeze(-1) + scale.unsqueeze(-1) * cg).reshape(codes.shape)
 
 
 def pack_codes(codes: torch.Tensor, *, bits: int) -> torch.Tensor:
     """Pack ``[..., D]`` uint8 codes of ``bits`` (1/2/4/8) into ``[..., D*bits/8]`` uint8."""
     per = 8 // bits
-    c = codes.to(torch.uint8).reshape(*codes.shape[:-1], -1, per).to(torch.int32)
+    c = codes.to(torch.uint8).reshape(*codes.shape[:-1], codes.shape[-1] // per, per).to(torch.int32)
     shifts = torch.arange(per, dtype=torch.int32, device=codes.device) * bits
     return (c << shifts).sum(-1).to(torch.uint8)
 
@@ -103,7 +103,7 @@ def unpack_codes(packed: torch.Tensor, *, bits: int) -> torch.Tensor:
     per = 8 // bits
     shifts = torch.arange(per, dtype=torch.int32, device=packed.device) * bits
     c = (packed.to(torch.int32).unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
-    return c.reshape(*packed.shape[:-1], -1).to(torch.uint8)
+    return c.reshape(*packed.shape[:-1], packed.shape[-1] * per).to(torch.uint8)
 
 
 def _meta_bytes(scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
@@ -132,7 +132,7 @@ def _store_values(v: torch.Tensor, seg: LoopSegment, group_size: int
     """Quantize ``v [..., D]`` fp32 per ``seg``; returns (codes, meta, dequantized fp32)."""
     if seg.bits == 16:
         b = v.to(torch.bfloat16)
-        return b.view(torch.uint8).reshape(*v.shape[:-1], -1), None, b.float()
+        return b.view(torch.uint8).reshape(*v.shape[:-1], 2 * v.shape[-1]), None, b.float()
     if seg.bits == 0:
         return v.new_zeros(*v.shape[:-1], 0, dtype=torch.uint8), None, torch.zeros_like(v)
     q, s, m = quantize_groups(v, bits=seg.bits, group_size=group_size)
@@ -326,3 +326,40 @@ class CompressedLayerView:
     def rotation_cpu(self, like: torch.Tensor) -> torch.Tensor | None:
         """The rotation on ``like``'s device."""
         return None if self.rotation is None else self.rotation.to(like.device)
+
+
+# ----------------------------------------------------------------------------- attention twins
+def decode_attention_reference(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
+                               view: CompressedLayerView, loop_id: int, kv_indptr: torch.Tensor,
+                               kv_indices: torch.Tensor, *, sm_scale: float,
+                               out: torch.Tensor | None = None) -> torch.Tensor:
+    """Twin of `rq_kernels.decode_attention`: dequantize the history, append the in-flight token,
+    fp32 attention. q ``[B, Hq, D]``, k_cur/v_cur ``[B, Hkv, D]``, kv_indptr ``[B+1]``, kv_indices
+    ``[nnz]`` (history rows, in-flight token excluded). Returns ``[B, Hq, D]`` in q's dtype."""
+    res = out if out is not None else torch.empty_like(q)
+    ptr = kv_indptr.tolist()
+    for b in range(q.shape[0]):
+        k, v = dequantize_rows_reference(view, kv_indices[ptr[b]:ptr[b + 1]].long(), loop_id)
+        k = torch.cat([k.to(q.device), k_cur[b:b + 1].float()])
+        v = torch.cat([v.to(q.device), v_cur[b:b + 1].float()])
+        res[b] = attention_reference(q[b:b + 1], k, v, scale=sm_scale, causal_offset=None)[0]
+    return res
+
+
+def extend_attention_reference(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
+                               view: CompressedLayerView, loop_id: int, qo_indptr: torch.Tensor,
+                               kv_indptr: torch.Tensor, kv_indices: torch.Tensor, *,
+                               sm_scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Twin of `rq_kernels.extend_attention`: per request, the dequantized prefix (rows
+    ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``) then its own chunk (``q/k_cur/v_cur`` rows
+    ``qo_indptr[b]:qo_indptr[b+1]``), causal, fp32. Returns ``[T, Hq, D]`` in q's dtype."""
+    res = out if out is not None else torch.empty_like(q)
+    qp, kp = qo_indptr.tolist(), kv_indptr.tolist()
+    for b in range(len(qp) - 1):
+        k, v = dequantize_rows_reference(view, kv_indices[kp[b]:kp[b + 1]].long(), loop_id)
+        s, e = qp[b], qp[b + 1]
+        k = torch.cat([k.to(q.device), k_cur[s:e].float()])
+        v = torch.cat([v.to(q.device), v_cur[s:e].float()])
+        res[s:e] = attention_reference(q[s:e], k, v, scale=sm_scale,
+                                       causal_offset=kp[b + 1] - kp[b])
+    return res

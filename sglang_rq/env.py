@@ -1,0 +1,66 @@
+"""Typed registry of the ``SGLANG_RQ_*`` environment variables (the only place that reads them).
+
+The launcher turns ``--rq-*`` flags into these variables so that every SGLang process
+(engine, scheduler, detokenizer) sees the same configuration when the plugin loads.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class EnvVar(Generic[T]):
+    """One variable: ``name``, a parser from its string, and a default."""
+
+    name: str
+    parse: Callable[[str], T]
+    default: T
+    help: str
+
+    def get(self) -> T:
+        """The parsed value, or the default when unset or empty.
+
+        Raises
+        ------
+        ValueError
+            If the value does not parse; the message names the variable.
+        """
+        raw = os.environ.get(self.name, "")
+        if raw == "":
+            return self.default
+        try:
+            return self.parse(raw)
+        except ValueError as exc:
+            raise ValueError(f"environment variable {self.name}={raw!r} is invalid: {exc}") from exc
+
+    def set(self, value: T | None) -> None:
+        """Set (or with None, remove) the variable for this process and its children."""
+        if value is None:
+            os.environ.pop(self.name, None)
+        else:
+            os.environ[self.name] = str(value)
+
+
+def _bool(raw: str) -> bool:
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected one of 1/0/true/false/yes/no/on/off")
+
+
+RQ_CONFIG = EnvVar("SGLANG_RQ_CONFIG", str, "",
+                   "RQConfig as JSON (set by the launcher); empty = plugin registers the models only")
+RQ_KV_BUDGET_GB = EnvVar("SGLANG_RQ_KV_BUDGET_GB", float, 0.0,
+                         "KV-cache byte budget in GiB (0 = SGLang's own profiling)")
+RQ_STAGING_TOKENS = EnvVar("SGLANG_RQ_STAGING_TOKENS", int, 0,
+                           "tokens per forward the BF16 staging buffer holds (0 = derived)")
+RQ_USE_KERNELS = EnvVar("SGLANG_RQ_USE_KERNELS", _bool, True,
+                        "use the Triton kernels on CUDA devices (false = reference codec)")
+RQ_CANARY_INTERVAL_S = EnvVar("SGLANG_RQ_CANARY_INTERVAL_S", float, 30.0,
+                              "seconds between readiness canary requests")

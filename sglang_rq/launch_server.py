@@ -1,0 +1,107 @@
+"""Launch SGLang's OpenAI-compatible server with the sglang-rq plugin.
+
+``python -m sglang_rq.launch_server [SGLang flags] [--rq-* flags]`` (or ``sglang-rq serve``).
+Every SGLang server flag is accepted unchanged. Without ``--model-path`` the embedded mini-Ouro
+is served. On a machine without CUDA the CPU engine is selected (``--device cpu``,
+``SGLANG_USE_CPU_ENGINE=1``), SGLang's CUDA-only kernel package is given its CPU stand-in, and
+sane sizes are set unless given (``--max-total-tokens 16384``, ``--max-running-requests 32``,
+``--chunked-prefill-size 2048``; otherwise SGLang sizes the pool from ~70% of RAM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from sglang_rq import env
+from sglang_rq.config import RQConfig, add_cli_args
+
+EMBEDDED_MODEL = Path(__file__).resolve().parent / "assets" / "mini-ouro"
+CPU_SHIMS = Path(__file__).resolve().parent / "_cpu_shims"
+CPU_DEFAULTS = {"--max-total-tokens": "16384", "--max-running-requests": "32",
+                "--chunked-prefill-size": "2048"}
+
+
+def has_cuda() -> bool:
+    """True if a CUDA driver and device are present (checked without importing SGLang)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def add_serving_args(parser: argparse.ArgumentParser) -> None:
+    """Serving options of sglang-rq that are not part of the KV format."""
+    g = parser.add_argument_group("sglang-rq serving")
+    g.add_argument("--rq-kv-budget-gb", type=float, default=0.0,
+                   help="Byte budget of the KV cache in GiB (default: SGLang's profiling). "
+                        "Capacity = budget // bytes per token.")
+    g.add_argument("--rq-staging-tokens", type=int, default=0,
+                   help="Tokens per forward held by the BF16 staging buffer (default: derived from "
+                        "--chunked-prefill-size and --max-running-requests).")
+
+
+def _has_flag(argv: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
+def prepare_environment(argv: list[str]) -> list[str]:
+    """Parse the ``--rq-*`` flags into the environment; return the SGLang argv.
+
+    Raises
+    ------
+    sglang_rq.config.RQConfigError
+        On an invalid KV-format flag (before any model is loaded).
+    """
+    parser = argparse.ArgumentParser(add_help=False)
+    add_cli_args(parser)
+    add_serving_args(parser)
+    ours, rest = parser.parse_known_args(argv)
+    cfg = RQConfig.from_args(ours)
+    env.RQ_CONFIG.set(cfg.to_json())
+    env.RQ_KV_BUDGET_GB.set(ours.rq_kv_budget_gb or None)
+    env.RQ_STAGING_TOKENS.set(ours.rq_staging_tokens or None)
+    if not _has_flag(rest, "--model-path") and not _has_flag(rest, "--model"):
+        rest += ["--model-path", str(EMBEDDED_MODEL)]
+    cuda = has_cuda()
+    if cfg.enabled and not _has_flag(rest, "--attention-backend"):
+        rest += ["--attention-backend", "rq_triton" if cuda else "rq_native"]
+    if not cuda:
+        os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(CPU_SHIMS), os.environ.get("PYTHONPATH", "")) if p)
+        sys.path.insert(0, str(CPU_SHIMS))
+        if not _has_flag(rest, "--device"):
+            rest += ["--device", "cpu"]
+        for flag, value in CPU_DEFAULTS.items():
+            if flag == "--max-total-tokens" and ours.rq_kv_budget_gb:
+                continue
+            if not _has_flag(rest, flag):
+                rest += [flag, value]
+    return rest
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``sglang-rq serve`` and ``python -m sglang_rq.launch_server``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        parser = argparse.ArgumentParser(prog="sglang-rq serve", description=__doc__,
+                                         formatter_class=argparse.RawDescriptionHelpFormatter)
+        add_cli_args(parser)
+        add_serving_args(parser)
+        parser.print_help()
+        print("\nAll other flags are SGLang's: see `python -m sglang.launch_server --help`.")
+        return
+    sglang_argv = prepare_environment(argv)
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()  # registers our backends' names before SGLang parses --attention-backend
+    from sglang.launch_server import run_server
+    from sglang.srt.server_args import prepare_server_args
+
+    run_server(prepare_server_args(sglang_argv))
+
+
+if __name__ == "__main__":
+    main()

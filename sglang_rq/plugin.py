@@ -1,0 +1,229 @@
+"""The SGLang plugin: the only module that registers hooks (entry point ``sglang.srt.plugins``).
+
+SGLang runs `register` in every process (engine, scheduler, detokenizer) before the scheduler
+builds anything. It always registers the Ouro model and config; when ``SGLANG_RQ_CONFIG`` holds an
+enabled `RQConfig` (set by the launcher) it also installs, on private names of SGLang 0.5.23:
+
+* ``DefaultPoolConfigurator._compute_cell_size`` (AROUND): cell size = `layout.kv_bytes_per_token`,
+* ``DefaultPoolConfigurator.__init__`` (AFTER): staging + rotation bytes as fixed overhead,
+* ``KVCacheConfigurator._profile_available_bytes`` (AROUND): an explicit byte budget
+  (``--rq-kv-budget-gb``) when given,
+* ``SRTPlatform.get_kv_pool_cls`` (AROUND): the `RQTokenToKVPool` for ``kind == "mha"``,
+* ``ServerArgs.__post_init__`` (BEFORE): refuses flag combinations that bypass the pool,
+* the attention backends ``rq_native`` (CPU reference) and ``rq_triton`` (CUDA kernels).
+
+Every hook is verified after ``HookRegistry.apply_hooks()``; one that did not apply stops the
+process (SystemExit, which SGLang's plugin loader does not swallow).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sglang_rq import env
+from sglang_rq.config import RQConfig, RQConfigError
+
+logger = logging.getLogger(__name__)
+
+_CFG = "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator"
+HOOK_TARGETS = (
+    f"{_CFG}._compute_cell_size",
+    f"{_CFG}.__init__",
+    "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes",
+    "sglang.srt.platforms.interface.SRTPlatform.get_kv_pool_cls",
+    "sglang.srt.server_args.ServerArgs.__post_init__",
+)
+RQ_BACKENDS = ("rq_native", "rq_triton")
+
+
+class _Runtime:
+    """Per-process facts the hooks share: set once by the cell-size hook, read by the pool hook."""
+
+    cfg: RQConfig | None = None
+    shape: Any = None
+    staging_tokens: int = 0
+    use_kernels: bool = False
+
+
+def register() -> None:
+    """Entry point (``sglang.srt.plugins``: ``sglang_rq = sglang_rq.plugin:register``)."""
+    register_models()
+    register_backends()
+    raw = env.RQ_CONFIG.get()
+    if not raw:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    cfg = RQConfig.from_json(raw)
+    targets = [HOOK_TARGETS[2]]
+    HookRegistry.register(HOOK_TARGETS[2], _budget_hook, HookType.AROUND)
+    if cfg.enabled:
+        _Runtime.cfg = cfg
+        targets = list(HOOK_TARGETS)
+        HookRegistry.register(HOOK_TARGETS[0], _cell_size_hook, HookType.AROUND)
+        HookRegistry.register(HOOK_TARGETS[1], _fixed_overhead_hook, HookType.AFTER)
+        HookRegistry.register(HOOK_TARGETS[3], _pool_cls_hook, HookType.AROUND)
+        HookRegistry.register(HOOK_TARGETS[4], _validate_server_args_hook, HookType.BEFORE)
+    HookRegistry.apply_hooks()
+    verify_hooks(targets)
+    logger.info("sglang-rq: KV cache format: %s", cfg.describe())
+
+
+def register_models() -> None:
+    """Register ``OuroForCausalLM`` with SGLang and ``OuroConfig`` with transformers."""
+    from sglang.srt.models.registry import ModelRegistry
+
+    from sglang_rq.models.ouro import OuroForCausalLM
+    from sglang_rq.models.ouro_config import register_ouro_config
+
+    register_ouro_config()
+    ModelRegistry.models["OuroForCausalLM"] = OuroForCausalLM
+
+
+def register_backends() -> None:
+    """Register the RQ attention backends and add their names to ``--attention-backend``."""
+    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+
+    def native(runner):
+        from sglang_rq.backend_native import RQNativeAttnBackend
+
+        return RQNativeAttnBackend(runner)
+
+    def triton(runner):
+        from sglang_rq.backend_triton import RQTritonAttnBackend
+
+        return RQTritonAttnBackend(runner)
+
+    ATTENTION_BACKENDS["rq_native"], ATTENTION_BACKENDS["rq_triton"] = native, triton
+    for name in RQ_BACKENDS:
+        if name not in ATTENTION_BACKEND_CHOICES:
+            ATTENTION_BACKEND_CHOICES.append(name)
+
+
+def verify_hooks(targets: list[str]) -> None:
+    """Stop the process unless every hook in ``targets`` was applied by SGLang."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    missing = [t for t in targets if t not in HookRegistry._patched]
+    if missing:
+        raise SystemExit(
+            f"sglang-rq: hooks did not apply to {missing}; this SGLang is not the pinned 0.5.23 "
+            "(see the log above for the error). Refusing to start with a half-installed KV cache.")
+
+
+# ----------------------------------------------------------------------------- hooks
+def _cell_size_hook(original, self, kvc, num_layers):
+    from sglang_rq.layout import kv_bytes_per_token, staging_bytes
+
+    shape = model_kv_shape(kvc.model_config)
+    if shape.num_layers * shape.num_loops != num_layers:
+        raise RQConfigError(
+            f"sglang-rq: SGLang counts {num_layers} KV layers but the model has "
+            f"{shape.num_layers} layers x {shape.num_loops} loops (pipeline parallelism is unsupported)")
+    _Runtime.shape = shape
+    _Runtime.staging_tokens = staging_tokens_for(kvc.server_args)
+    _Runtime.use_kernels = str(kvc.device).startswith("cuda") and env.RQ_USE_KERNELS.get()
+    cell = kv_bytes_per_token(shape, _Runtime.cfg)
+    logger.info("sglang-rq: cell size %d B/token (stock would be %d), staging %d tokens = %d B",
+                cell, original(self, kvc, num_layers), _Runtime.staging_tokens,
+                staging_bytes(shape, _Runtime.cfg, staging_tokens=_Runtime.staging_tokens))
+    return cell
+
+
+def _fixed_overhead_hook(result, self, kvc):
+    from sglang_rq.layout import rotation_bytes, staging_bytes
+
+    if _Runtime.shape is not None:
+        self._fixed_overhead_bytes += staging_bytes(
+            _Runtime.shape, _Runtime.cfg, staging_tokens=_Runtime.staging_tokens,
+            dtype_bytes=kvc.model_config.dtype.itemsize,
+        ) + rotation_bytes(_Runtime.shape, _Runtime.cfg)
+    return result
+
+
+def _budget_hook(original, self, pre_model_load_memory):
+    budget_gb = env.RQ_KV_BUDGET_GB.get()
+    profiled = original(self, pre_model_load_memory)
+    if budget_gb <= 0:
+        return profiled
+    budget = int(budget_gb * (1 << 30))
+    if budget > profiled:
+        raise RQConfigError(f"--rq-kv-budget-gb={budget_gb} exceeds the {profiled / (1 << 30):.2f} GiB "
+                            "available for the KV cache")
+    return budget
+
+
+def _pool_cls_hook(original, self, *, kind):
+    if kind != "mha":
+        return original(self, kind=kind)
+    from sglang_rq.pool import bind_pool_class
+
+    if _Runtime.shape is None:
+        raise RuntimeError("sglang-rq: the cell-size hook did not run before the pool was built")
+    return bind_pool_class(cfg=_Runtime.cfg, shape=_Runtime.shape,
+                           staging_tokens=_Runtime.staging_tokens, use_kernels=_Runtime.use_kernels)
+
+
+def _validate_server_args_hook(self, *args, **kwargs):
+    validate_server_args(self)
+
+
+# ----------------------------------------------------------------------------- helpers
+def model_kv_shape(model_config):
+    """`ModelKVShape` of an SGLang ``ModelConfig`` (TP size 1; loops from ``num_loops``)."""
+    from sglang_rq.layout import ModelKVShape
+
+    hf = model_config.hf_config
+    return ModelKVShape(
+        num_layers=hf.num_hidden_layers,
+        num_loops=int(getattr(hf, "num_loops", 1) or 1),
+        num_kv_heads=model_config.get_num_kv_heads(1),
+        head_dim=model_config.head_dim,
+    )
+
+
+def staging_tokens_for(server_args) -> int:
+    """Tokens one forward can carry: the largest prefill chunk or decode batch (+ both if mixed)."""
+    override = env.RQ_STAGING_TOKENS.get()
+    if override:
+        return override
+    chunk = server_args.chunked_prefill_size or 0
+    if chunk <= 0:
+        chunk = server_args.max_prefill_tokens
+    running = server_args.max_running_requests or 4096
+    return max(chunk, running) + (running if server_args.enable_mixed_chunk else 0)
+
+
+def validate_server_args(args) -> None:
+    """Refuse SGLang options that bypass or cannot serve the ResidualQuant pool.
+
+    Raises
+    ------
+    RQConfigError
+        Naming the offending flag and ``--rq-disable`` as the way out.
+    """
+    problems = []
+    if str(args.kv_cache_dtype) not in ("auto", "bfloat16", "bf16", "float32"):
+        problems.append(f"--kv-cache-dtype={args.kv_cache_dtype} (the RQ pool is the KV format)")
+    if args.enable_hierarchical_cache:
+        problems.append("--enable-hierarchical-cache (HiCache assumes dense per-layer buffers)")
+    if str(args.disaggregation_mode) not in ("null", "None"):
+        problems.append(f"--disaggregation-mode={args.disaggregation_mode} (PD transfer assumes dense buffers)")
+    if args.speculative_algorithm:
+        problems.append(f"--speculative-algorithm={args.speculative_algorithm}")
+    if getattr(args, "enable_kv_cache_sharding", False):
+        problems.append("--enable-kv-cache-sharding")
+    if getattr(args, "prefill_only_disable_kv_cache", False):
+        problems.append("--prefill-only-disable-kv-cache")
+    if args.pp_size != 1:
+        problems.append(f"--pp-size={args.pp_size}")
+    if args.chunked_prefill_size is not None and args.chunked_prefill_size <= 0:
+        problems.append("--chunked-prefill-size<=0 (the staging buffer needs a bounded chunk)")
+    if args.attention_backend not in RQ_BACKENDS:
+        problems.append(f"--attention-backend={args.attention_backend} (use rq_native on CPU or "
+                        "rq_triton on CUDA; `sglang-rq serve` picks one)")
+    if problems:
+        raise RQConfigError("ResidualQuant KV cache cannot run with: " + "; ".join(problems)
+                            + ". Remove these flags or pass --rq-disable.")
