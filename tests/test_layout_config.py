@@ -1,0 +1,134 @@
+"""Byte accounting against DESIGN.md's hand-derived figures, config validation, pool allocation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from sglang_rq.config import RQConfig, RQConfigError
+from sglang_rq.layout import (
+    ModelKVShape,
+    bf16_bytes_per_token,
+    decode_read_bytes_per_token,
+    effective_bits,
+    kv_bytes_per_token,
+    loop_segments,
+    staging_bytes,
+    tokens_in_budget,
+)
+
+OURO_1_4B = ModelKVShape(num_layers=24, num_loops=4, num_kv_heads=16, head_dim=128)
+
+
+def test_ouro_1_4b_default_is_152064_bytes_per_token():
+    # DESIGN.md section 1: anchor 64 + 8 = 72 B, residual 32 + 8 + 2 = 42 B per
+    # (token, layer, head, K or V); 72 + 3 * 42 = 198; x 2 x 16 x 24 = 152,064.
+    assert kv_bytes_per_token(OURO_1_4B, RQConfig()) == 152_064
+    assert bf16_bytes_per_token(OURO_1_4B) == 786_432
+    assert [s.nbytes for s in loop_segments(OURO_1_4B, RQConfig())] == [42, 42, 42, 72]
+    assert effective_bits(OURO_1_4B, RQConfig()) == pytest.approx(3.09375)
+    assert 786_432 / 152_064 == pytest.approx(5.17, abs=0.005)
+
+
+def test_decode_reads_414_of_1024_bytes_per_token_head():
+    per = decode_read_bytes_per_token(OURO_1_4B, RQConfig()) / (2 * 16 * 24)
+    assert per == 3 * (72 + 42) + 72 == 414
+
+
+def test_disabled_format_is_bf16_and_other_formats():
+    assert kv_bytes_per_token(OURO_1_4B, RQConfig(enabled=False)) == 786_432
+    # direct INT2 everywhere (anchor 2 bits, no LSQ): 32 + 8 = 40 B per loop.
+    int2 = RQConfig(anchor_bits=2, residual_bits=2, loop_bits=(2, 2, 2, 2), lsq=False)
+    assert kv_bytes_per_token(OURO_1_4B, int2) == 4 * 40 * 2 * 16 * 24
+    # shared anchor (0-bit residuals): anchor 72 + 3 x c (2 B).
+    assert kv_bytes_per_token(OURO_1_4B, RQConfig(residual_bits=0)) == (72 + 6) * 2 * 16 * 24
+
+
+def test_staging_and_budget_arithmetic():
+    cfg = RQConfig()
+    st = staging_bytes(OURO_1_4B, cfg, staging_tokens=100)
+    assert st == 3 * 24 * 100 * 2 * 16 * 128 * 2
+    budget = 10 * (1 << 30)
+    rot = 24 * 16 * 128 * 128 * 4
+    assert tokens_in_budget(OURO_1_4B, cfg, budget_bytes=budget, staging_tokens=100) == \
+        (budget - st - rot) // 152_064
+
+
+@pytest.mark.parametrize("kwargs, flag", [
+    ({"group_size": 48}, "--rq-group-size"),
+    ({"anchor_bits": 3}, "--rq-anchor-bits"),
+    ({"residual_bits": 5}, "--rq-residual-bits"),
+    ({"anchor": "middle"}, "--rq-anchor"),
+    ({"rotation": "qr"}, "--rq-rotation"),
+    ({"loop_bits": (2, 7)}, "--rq-loop-bits"),
+])
+def test_invalid_config_names_the_flag(kwargs, flag):
+    with pytest.raises(RQConfigError, match=flag):
+        RQConfig(**kwargs)
+
+
+def test_model_dependent_checks_name_the_flag():
+    with pytest.raises(RQConfigError, match="--rq-group-size=64 does not divide"):
+        loop_segments(ModelKVShape(2, 4, 2, 96), RQConfig(group_size=64))
+    with pytest.raises(RQConfigError, match="--rq-loop-bits gives 3"):
+        loop_segments(OURO_1_4B, RQConfig(loop_bits=(2, 2, 4)))
+    with pytest.raises(RQConfigError, match="--rq-loop-group-size=3"):
+        loop_segments(OURO_1_4B, RQConfig(loop_group_size=3))
+
+
+def test_loop_groups_give_one_anchor_per_group():
+    huginn = ModelKVShape(num_layers=4, num_loops=32, num_kv_heads=55, head_dim=96)
+    segs = loop_segments(huginn, RQConfig(loop_group_size=4))
+    anchors = [s.loop_id for s in segs if s.role == "anchor"]
+    assert anchors == list(range(3, 32, 4))
+    assert segs[5].base == 7
+
+
+def test_config_json_round_trip():
+    cfg = RQConfig(loop_bits=(2, 4, 2, 4), anchor="first", lsq=False, loop_group_size=2)
+    assert RQConfig.from_json(cfg.to_json()) == cfg
+
+
+def test_pool_allocates_exactly_bytes_per_token_times_rows():
+    from sglang_rq.pool import bind_pool_class
+
+    shape = ModelKVShape(num_layers=3, num_loops=4, num_kv_heads=2, head_dim=64)
+    cfg = RQConfig()
+    cls = bind_pool_class(cfg=cfg, shape=shape, staging_tokens=20, use_kernels=False)
+    pool = cls(size=37, page_size=1, dtype=torch.bfloat16, head_num=2, head_dim=64, layer_num=12,
+               device="cpu", enable_memory_saver=False)
+    assert pool.compressed_nbytes() == kv_bytes_per_token(shape, cfg) * (37 + 1)
+    assert pool.fixed_nbytes() == staging_bytes(shape, cfg, staging_tokens=20) + 3 * 2 * 64 * 64 * 4
+    # Stage loops 0..2, commit with loop 3, read back: loop 3 is the INT4 anchor (~10% error).
+    k = torch.randn(5, 2, 64, dtype=torch.bfloat16)
+    loc = torch.tensor([3, 4, 5, 6, 7])
+    for loop in range(4):
+        pool.save(loop, 1, k * (loop + 1) / 4, -k, loc)
+    kh, vh = pool.dequantize(3, 1, loc)
+    assert ((kh - k.float()).norm() / k.float().norm()) < 0.12
+    assert ((vh + k.float()).norm() / k.float().norm()) < 0.12
+    k0, _ = pool.dequantize(0, 1, loc)
+    assert ((k0 - k.float() / 4).norm() / (k.float() / 4).norm()) < 0.15
+    with pytest.raises(RuntimeError, match="--rq-staging-tokens"):
+        pool.save(0, 0, torch.zeros(21, 2, 64), torch.zeros(21, 2, 64), torch.arange(21))
+    with pytest.raises(RuntimeError, match="no dense K/V buffers"):
+        pool.get_key_buffer(0)
+
+
+def test_kv_size_cli_json(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"num_hidden_layers": 24, "total_ut_steps": 4, "hidden_size": 2048,
+                               "num_attention_heads": 16, "num_key_value_heads": 16}))
+    out = subprocess.run([sys.executable, "-m", "sglang_rq.cli", "kv-size", "--model-config", str(cfg),
+                          "--memory-gb", "32", "--json"], capture_output=True, text=True, check=True)
+    data = json.loads(out.stdout)
+    assert data["bytes_per_token"] == 152_064 and data["bf16_bytes_per_token"] == 786_432
+    assert data["effective_bits"] == pytest.approx(3.09375)
+    assert data["tokens_in_budget"] > 4.4 * data["bf16_tokens_in_budget"]
+    bad = subprocess.run([sys.executable, "-m", "sglang_rq.cli", "kv-size", "--model-config", str(cfg),
+                          "--rq-group-size", "48"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--rq-group-size=48" in bad.stderr
