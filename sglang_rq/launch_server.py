@@ -100,8 +100,19 @@ def main(argv: list[str] | None = None) -> None:
     from sglang.launch_server import run_server
     from sglang.srt.server_args import prepare_server_args
 
-    run_server(prepare_server_args(sglang_argv))
+    server_args = prepare_server_args(sglang_argv)
+    if RQConfig.from_json(env.RQ_CONFIG.get()).enabled:
+        from sglang_rq.plugin import validate_server_args
+
+        validate_server_args(server_args)  # before any weights load
+    run_server(server_args)
 
 
 if __name__ == "__main__":
-    main()
+    from sglang_rq.config import RQConfigError
+
+    try:
+        main()
+    except RQConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

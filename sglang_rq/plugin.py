@@ -9,7 +9,6 @@ enabled `RQConfig` (set by the launcher) it also installs, on private names of S
 * ``KVCacheConfigurator._profile_available_bytes`` (AROUND): an explicit byte budget
   (``--rq-kv-budget-gb``) when given,
 * ``SRTPlatform.get_kv_pool_cls`` (AROUND): the `RQTokenToKVPool` for ``kind == "mha"``,
-* ``ServerArgs.__post_init__`` (BEFORE): refuses flag combinations that bypass the pool,
 * the attention backends ``rq_native`` (CPU reference) and ``rq_triton`` (CUDA kernels).
 
 Every hook is verified after ``HookRegistry.apply_hooks()``; one that did not apply stops the
@@ -32,7 +31,6 @@ HOOK_TARGETS = (
     f"{_CFG}.__init__",
     "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes",
     "sglang.srt.platforms.interface.SRTPlatform.get_kv_pool_cls",
-    "sglang.srt.server_args.ServerArgs.__post_init__",
 )
 RQ_BACKENDS = ("rq_native", "rq_triton")
 
@@ -64,7 +62,6 @@ def register() -> None:
         HookRegistry.register(HOOK_TARGETS[0], _cell_size_hook, HookType.AROUND)
         HookRegistry.register(HOOK_TARGETS[1], _fixed_overhead_hook, HookType.AFTER)
         HookRegistry.register(HOOK_TARGETS[3], _pool_cls_hook, HookType.AROUND)
-        HookRegistry.register(HOOK_TARGETS[4], _validate_server_args_hook, HookType.BEFORE)
     HookRegistry.apply_hooks()
     verify_hooks(targets)
     logger.info("sglang-rq: KV cache format: %s", cfg.describe())
@@ -117,6 +114,7 @@ def verify_hooks(targets: list[str]) -> None:
 def _cell_size_hook(original, self, kvc, num_layers):
     from sglang_rq.layout import kv_bytes_per_token, staging_bytes
 
+    validate_server_args(kvc.server_args)
     shape = model_kv_shape(kvc.model_config)
     if shape.num_layers * shape.num_loops != num_layers:
         raise RQConfigError(
@@ -164,10 +162,6 @@ def _pool_cls_hook(original, self, *, kind):
         raise RuntimeError("sglang-rq: the cell-size hook did not run before the pool was built")
     return bind_pool_class(cfg=_Runtime.cfg, shape=_Runtime.shape,
                            staging_tokens=_Runtime.staging_tokens, use_kernels=_Runtime.use_kernels)
-
-
-def _validate_server_args_hook(self, *args, **kwargs):
-    validate_server_args(self)
 
 
 # ----------------------------------------------------------------------------- helpers
