@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Install (cached), serve the embedded looped model with the ResidualQuant KV cache on this machine
+# (CPU if there is no GPU), ask it a GSM8K test question over the OpenAI API, show the KV metrics.
+# The server keeps running (PID printed); stop it with: kill <PID>.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=$(./scripts/setup.sh)
+PORT=${PORT:-30000}
+LOG=${LOG:-/tmp/sglang-rq-quickstart.log}
+"$VENV/bin/sglang-rq" serve --port "$PORT" --enable-metrics "$@" >"$LOG" 2>&1 &
+PID=$!
+echo "sglang-rq serve started (pid $PID, log $LOG); waiting for it to be ready..."
+for _ in $(seq 600); do
+  if curl -sf "localhost:$PORT/health" >/dev/null && grep -q "fired up" "$LOG"; then break; fi
+  if ! kill -0 "$PID" 2>/dev/null; then echo "server exited:"; tail -30 "$LOG"; exit 1; fi
+  sleep 1
+done
+QUESTION=$("$VENV/bin/python" -c "
+import json; print(json.loads(open('../shared/data/gsm8k/test.jsonl').readline())['question'])" 2>/dev/null \
+  || echo "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?")
+BODY=$("$VENV/bin/python" -c "import json,sys; print(json.dumps({'model': 'default', 'temperature': 0, 'max_tokens': 128,
+  'messages': [{'role': 'user', 'content': sys.argv[1]}]}))" "$QUESTION")
+echo "Q: $QUESTION"
+curl -s "localhost:$PORT/v1/chat/completions" -H 'content-type: application/json' -d "$BODY" \
+  | "$VENV/bin/python" -c "import json,sys; r=json.load(sys.stdin); print('A:', r['choices'][0]['message']['content'])"
+curl -s "localhost:$PORT/metrics" | grep -E "^sglang:(max_total_num_tokens|token_usage)" || true
+echo "server still running: pid $PID (kill $PID to stop)"
