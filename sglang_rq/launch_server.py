@@ -67,6 +67,8 @@ def prepare_environment(argv: list[str]) -> list[str]:
     cuda = has_cuda()
     if cfg.enabled and not _has_flag(rest, "--attention-backend"):
         rest += ["--attention-backend", "rq_triton" if cuda else "rq_native"]
+    if "rq_triton" in rest and not _has_flag(rest, "--disable-cuda-graph"):
+        rest += ["--disable-cuda-graph"]  # NOTE: rq_triton has no CUDA-graph capture path yet
     if not cuda:
         os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
         os.environ["PYTHONPATH"] = os.pathsep.join(

@@ -122,7 +122,7 @@ def _cell_size_hook(original, self, kvc, num_layers):
             f"{shape.num_layers} layers x {shape.num_loops} loops (pipeline parallelism is unsupported)")
     _Runtime.shape = shape
     _Runtime.staging_tokens = staging_tokens_for(kvc.server_args)
-    _Runtime.use_kernels = str(kvc.device).startswith("cuda") and env.RQ_USE_KERNELS.get()
+    _Runtime.use_kernels = kvc.server_args.attention_backend == "rq_triton" and env.RQ_USE_KERNELS.get()
     cell = kv_bytes_per_token(shape, _Runtime.cfg)
     logger.info("sglang-rq: cell size %d B/token (stock would be %d), staging %d tokens = %d B",
                 cell, original(self, kvc, num_layers), _Runtime.staging_tokens,

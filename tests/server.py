@@ -25,14 +25,14 @@ def free_port() -> int:
 class Server:
     """A server subprocess; ``url``, ``log_path``, ``log()`` and ``stop()``."""
 
-    def __init__(self, args: list[str], log_path: Path) -> None:
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")
         cmd = [sys.executable, "-m", "sglang_rq.launch_server", "--port", str(self.port), *args]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, env={**os.environ, **(env or {})})
         self._wait_ready()
 
     def _wait_ready(self) -> None:
