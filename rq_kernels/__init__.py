@@ -1,0 +1,17 @@
+"""Triton kernels of the ResidualQuant KV cache (DESIGN.md section 4).
+
+* `commit` -- quantize all loops of new tokens into the compressed pool (one launch per layer);
+* `decode_attention` -- fused split-K decode attention over anchor + residual, plus the
+  in-flight token;
+* `extend_attention` -- compressed prefix + causal BF16 chunk (prefill / chunked prefill).
+
+Device code lives in ``rq_kernels/triton/``; every launcher has a pure-torch twin with the same
+signature in `sglang_rq.reference` and falls back to it for formats the kernels do not cover.
+"""
+
+from rq_kernels._host import unsupported_reason
+from rq_kernels.commit import commit
+from rq_kernels.decode import decode_attention
+from rq_kernels.extend import extend_attention
+
+__all__ = ["commit", "decode_attention", "extend_attention", "unsupported_reason"]

@@ -1,0 +1,152 @@
+"""Host-side helpers shared by the launchers: format support, rotation terms, pool-view args."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+
+if TYPE_CHECKING:
+    from sglang_rq.reference import CompressedLayerView
+
+FUSED_BITS = (2, 4, 8)  # integer widths the kernels unpack (anchor and residual)
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def interpreting(kernel) -> bool:
+    """True if ``kernel`` was decorated under ``TRITON_INTERPRET=1`` (it then runs on CPU)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(kernel, InterpretedFunction)
+
+
+def unsupported_reason(view: CompressedLayerView) -> str | None:
+    """Why the fused kernels cannot handle ``view``'s format (None if they can).
+
+    Fused: anchor ``last``/``first`` (any loop group size), every stored loop with 2/4/8 bits
+    (residual loops may also have 0 bits), LSQ on or off, rotation None or a matrix with
+    ``rotate_anchor``. Everything else (chained, 16-bit or 1-bit loops, residual-only rotation)
+    falls back to the reference twins.
+    """
+    cfg = view.cfg
+    if cfg.anchor not in ("last", "first"):
+        return f"anchor={cfg.anchor!r}"
+    for s in view.segments:
+        if s.role == "anchor" and s.bits not in FUSED_BITS:
+            return f"anchor loop {s.loop_id} has {s.bits} bits"
+        if s.role != "anchor" and s.bits not in FUSED_BITS + (0,):
+            return f"loop {s.loop_id} has {s.bits} bits"
+    if view.rotation is not None and not cfg.rotate_anchor:
+        return "rotate_anchor=False"
+    if view.head_dim > 256:
+        return f"head_dim={view.head_dim} > 256"
+    return None
+
+
+def on_kernel_device(kernel, *tensors: torch.Tensor) -> bool:
+    """True if the Triton path can run on these tensors (CUDA, or CPU under the interpreter)."""
+    dev = tensors[0].device
+    assert all(t.device == dev for t in tensors), (
+        f"all tensors must be on one device, got {[str(t.device) for t in tensors]}")
+    return dev.type == "cuda" or (dev.type == "cpu" and interpreting(kernel))
+
+
+_ROT_CACHE: dict[tuple, tuple[torch.Tensor, float, int]] = {}
+
+
+def rotation_terms(rotation: torch.Tensor | None, padded_dim: int, device: torch.device
+                   ) -> tuple[torch.Tensor, float, int]:
+    """``R = alpha * sum(terms)`` with bf16 ``terms [TERMS, H, DP, DP]`` (zero padded).
+
+    A matrix whose entries all have one magnitude (Hadamard, signed Hadamard: ``+-1/sqrt(D)``)
+    is ``alpha * sign(R)``, one exact bf16 term; any other matrix is split hi/mid/lo (3 terms,
+    24 mantissa bits, exact fp32). Multiplying a bf16 vector by the terms on tensor cores then
+    gives fp32-accurate rotations. Cached per tensor version (NOTE: the first call syncs, so
+    call once before CUDA-graph capture). Returns a 1-element dummy when ``rotation`` is None.
+    """
+    if rotation is None:
+        return torch.zeros(1, dtype=torch.bfloat16, device=device), 1.0, 1
+    key = (rotation.data_ptr(), rotation._version, tuple(rotation.shape), str(device), padded_dim)
+    hit = _ROT_CACHE.get(key)
+    if hit is not None:
+        return hit
+    r = rotation.detach().to(device=device, dtype=torch.float32)
+    h, d, _ = r.shape
+    mag = r.abs()
+    alpha = float(mag.flatten()[0])
+    if alpha > 0 and bool((mag == alpha).all()):
+        parts = [torch.sign(r)]
+    else:
+        alpha, parts, rest = 1.0, [], r
+        for _ in range(3):
+            p = rest.to(torch.bfloat16)
+            parts.append(p.float())
+            rest = rest - p.float()
+    terms = torch.zeros(len(parts), h, padded_dim, padded_dim, dtype=torch.bfloat16, device=device)
+    for t, p in enumerate(parts):
+        terms[t, :, :d, :d] = p.to(torch.bfloat16)
+    out = (terms, alpha, len(parts))
+    _ROT_CACHE[key] = out
+    return out
+
+
+def strides3(t: torch.Tensor | None) -> tuple[int, int, int]:
+    """(row, kv, head) strides of a pool tensor ``[rows, 2, H, ...]``; zeros for None."""
+    return (0, 0, 0) if t is None else (t.stride(0), t.stride(1), t.stride(2))
+
+
+def check_view(view: CompressedLayerView, device: torch.device) -> None:
+    """Assert the pool tensors' dtype/device/inner contiguity (what the kernels index).
+
+    Any row/kv/head strides work (token-major ``[rows, 2, H, ...]`` storage or head-major
+    ``[2, H, rows, ...]``); the head strides become compile-time constants, so a head stride
+    that is a multiple of 8 (meta) or 16 (codes) keeps the gathers vectorized.
+    """
+    ng = view.head_dim // view.cfg.group_size
+    for i, seg in enumerate(view.segments):
+        c, m, f = view.codes[i], view.meta[i], view.coef[i]
+        assert c.dtype == torch.uint8 and c.device == device and c.dim() == 4, (
+            f"codes[{i}] must be uint8 [rows, 2, H, code_bytes] on {device}, got "
+            f"{c.dtype} {tuple(c.shape)} on {c.device}")
+        assert c.shape[-1] == seg.code_bytes and (c.shape[-1] == 0 or c.stride(-1) == 1), (
+            f"codes[{i}] last dim must be {seg.code_bytes} contiguous bytes, strides {c.stride()}")
+        if m is not None:
+            assert m.dtype == torch.uint8 and m.device == device and m.shape[-2:] == (ng, 2), (
+                f"meta[{i}] must be uint8 [rows, 2, H, {ng}, 2] on {device}")
+            assert m.stride(-1) == 1 and m.stride(-2) == 2, (
+                f"meta[{i}] must have contiguous [{ng}, 2] bytes, strides {m.stride()}")
+        if f is not None:
+            assert f.dtype == torch.bfloat16 and f.device == device and f.dim() == 3, (
+                f"coef[{i}] must be bf16 [rows, 2, H] on {device}")
+
+
+def attention_loop_args(view: CompressedLayerView, loop_id: int) -> tuple[list, dict]:
+    """Kernel arguments (anchor codes/meta, residual codes/meta, coef + strides) and constexprs
+    for attention over loop ``loop_id``: its anchor (base) plus its own residual, if any."""
+    seg = view.segments[loop_id]
+    base = view.segments[seg.base]
+    a = seg.base
+    ac, am = view.codes[a], view.meta[a]
+    if seg.role == "anchor":
+        rc, rm, cf, r_bits = ac, am, ac, 0
+    else:
+        r_bits = seg.bits
+        rc = view.codes[loop_id] if r_bits > 0 else ac
+        rm = view.meta[loop_id] if r_bits > 0 else am
+        cf = view.coef[loop_id]
+    has_coef = seg.role != "anchor" and view.coef[loop_id] is not None
+    args = [ac, *strides3(ac), am, *strides3(am), rc, *strides3(rc), rm, *strides3(rm),
+            cf if has_coef else ac, *(strides3(cf) if has_coef else (0, 0, 0))]
+    d, g = view.head_dim, view.cfg.group_size
+    dp = next_pow2(d)
+    consts = dict(D=d, DP=dp, G=g, NG=d // g, NGP=dp // g, A_BITS=base.bits, R_BITS=r_bits,
+                  HAS_COEF=has_coef)
+    return args, consts
+
+
+def cdiv(a: int, b: int) -> int:
+    return triton.cdiv(a, b)

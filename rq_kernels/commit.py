@@ -1,0 +1,92 @@
+"""Launcher of the commit kernel (quantize all loops of new tokens into the compressed pool)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from rq_kernels._host import (
+    check_view, interpreting, next_pow2, on_kernel_device, rotation_terms, strides3,
+    unsupported_reason,
+)
+from rq_kernels.triton.commit import rq_commit_kernel
+from sglang_rq.reference import commit_reference
+
+if TYPE_CHECKING:
+    from sglang_rq.reference import CompressedLayerView
+
+
+def commit(k_loops: torch.Tensor, v_loops: torch.Tensor, loc: torch.Tensor,
+           view: CompressedLayerView, *, block_t: int = 32, num_warps: int = 4) -> None:
+    """Compress every loop of ``num_tokens`` tokens and write them to pool rows ``loc``.
+
+    Same signature and semantics as `sglang_rq.reference.commit_reference` (its twin). One
+    launch per layer: grid ``(cdiv(num_tokens, block_t), num_kv_heads, 2)``.
+
+    Parameters
+    ----------
+    k_loops, v_loops:
+        ``[num_loops, num_tokens, num_kv_heads, head_dim]``, ``torch.bfloat16``, ``cuda``; the
+        same strides, last dim contiguous.
+    loc:
+        ``[num_tokens]``, ``torch.int64``, ``cuda``: destination rows (slots), all distinct.
+    view:
+        The layer's `CompressedLayerView`; its ``codes/meta/coef[i]`` (``uint8 [rows, 2, H,
+        code_bytes]``, ``uint8 [rows, 2, H, head_dim/group_size, 2]``, ``bf16 [rows, 2, H]``)
+        are written in place; ``rotation`` ``[num_kv_heads, head_dim, head_dim]`` fp32 or None.
+
+    Note
+    ----
+    Formats outside `rq_kernels._host.unsupported_reason` (chained anchors, 1- or 16-bit loops,
+    ``rotate_anchor=False``), and CPU tensors outside ``TRITON_INTERPRET=1``, run the reference
+    twin instead. Codes equal the twin's except where fp32 rounding ties differ (see
+    tests/kernels/test_commit.py). CUDA-graph safe after one warm-up call (rotation cache).
+    """
+    if unsupported_reason(view) is not None or not on_kernel_device(rq_commit_kernel, k_loops):
+        commit_reference(k_loops, v_loops, loc, view)
+        return
+    L, T, H, D = k_loops.shape
+    dev = k_loops.device
+    assert v_loops.shape == k_loops.shape and v_loops.stride() == k_loops.stride(), (
+        f"k_loops {tuple(k_loops.shape)}/{k_loops.stride()} and v_loops "
+        f"{tuple(v_loops.shape)}/{v_loops.stride()} must match")
+    assert k_loops.dtype == v_loops.dtype == torch.bfloat16, (
+        f"K/V must be bf16, got {k_loops.dtype}")
+    assert k_loops.stride(-1) == 1, "K/V last dim must be contiguous"
+    assert L == len(view.segments) and D == view.head_dim, (
+        f"K/V [{L}, T, H, {D}] do not match the view ({len(view.segments)} loops, "
+        f"head_dim {view.head_dim})")
+    assert loc.shape == (T,) and loc.dtype == torch.int64 and loc.device == dev, (
+        f"loc must be int64 [{T}] on {dev}, got {loc.dtype} {tuple(loc.shape)} on {loc.device}")
+    check_view(view, dev)
+    if T == 0:
+        return
+    cfg = view.cfg
+    glen = cfg.group_len(L)
+    dp = next_pow2(D)
+    terms, alpha, nterms = rotation_terms(view.rotation, dp, dev)
+    dummy = view.codes[view.segments[0].base]
+    codes = tuple(c if s.bits > 0 else dummy for c, s in zip(view.codes, view.segments))
+    meta = tuple(m if m is not None else dummy for m in view.meta)
+    coef = tuple(f if f is not None else dummy for f in view.coef)
+    s_codes = sum((strides3(c if s.bits > 0 else None) for c, s in zip(view.codes, view.segments)),
+                  ())
+    s_meta = sum((strides3(m) for m in view.meta), ())
+    s_coef = sum((strides3(f) for f in view.coef), ())
+    grid = (triton_cdiv(T, block_t), H, 2)
+    rq_commit_kernel[grid](
+        k_loops, v_loops, k_loops.stride(0), k_loops.stride(1), k_loops.stride(2),
+        loc, T, codes, s_codes, meta, s_meta, coef, s_coef,
+        terms, terms.stride(0) if terms.dim() == 4 else 0,
+        terms.stride(1) if terms.dim() == 4 else 0, dp, alpha,
+        NUM_LOOPS=L, GROUP_LEN=glen, ANCHOR_POS=0 if cfg.anchor == "first" else glen - 1,
+        BITS=tuple(s.bits for s in view.segments), LSQ=cfg.lsq,
+        HAS_ROT=view.rotation is not None, TERMS=nterms, D=D, DP=dp, G=cfg.group_size,
+        NG=D // cfg.group_size, NGP=dp // cfg.group_size, BLOCK_T=block_t,
+        INTERP=interpreting(rq_commit_kernel), num_warps=num_warps, enable_fp_fusion=False,
+    )
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b

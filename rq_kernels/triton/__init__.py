@@ -1,0 +1,1 @@
+"""Device code of the ResidualQuant kernels: ``@triton.jit`` functions only (no host logic)."""

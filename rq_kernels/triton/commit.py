@@ -1,0 +1,157 @@
+"""Commit kernel: quantize all loops of a block of tokens x one KV head into pool rows.
+
+One program = ``BLOCK_T`` tokens x one KV head x K-or-V. Per loop group (``GROUP_LEN`` loops with
+the anchor at ``ANCHOR_POS``): rotate, anchor quantize, then every other loop of the group gets its
+LSQ coefficient, residual, quantization and packing. Operation order follows
+`sglang_rq.reference.encode` (fp32, IEEE division, no FMA contraction: launch with
+``enable_fp_fusion=False``).
+"""
+
+import triton
+import triton.language as tl
+
+from rq_kernels.triton.common import f32_to_fp8_bits, fp8_round, rotate_rows, to_bf16
+
+
+@triton.jit
+def _quantize(x, LEVELS: tl.constexpr, BLOCK_T: tl.constexpr, NGP: tl.constexpr,
+              G: tl.constexpr):
+    """``x [BLOCK_T, NGP*G]`` fp32 -> codes (fp32, integer valued) ``[BLOCK_T, NGP*G]``, scale
+    and offset ``[BLOCK_T, NGP]`` (FP8-exact), as `reference.quantize_groups`."""
+    x3 = tl.reshape(x, [BLOCK_T, NGP, G])
+    off = fp8_round(tl.min(x3, axis=2), DOWN=True)
+    scale = fp8_round(tl.div_rn(tl.max(x3, axis=2) - off, LEVELS * 1.0), DOWN=False)
+    safe = tl.where(scale > 0, scale, 1.0)
+    q = tl.floor(tl.div_rn(x3 - off[:, :, None], safe[:, :, None]) + 0.5)
+    q = tl.minimum(tl.maximum(q, 0.0), LEVELS * 1.0)
+    q = tl.where(scale[:, :, None] > 0, q, 0.0)
+    return tl.reshape(q, [BLOCK_T, NGP * G]), scale, off
+
+
+@triton.jit
+def _dequantize(q, scale, off, BLOCK_T: tl.constexpr, NGP: tl.constexpr, G: tl.constexpr):
+    q3 = tl.reshape(q, [BLOCK_T, NGP, G])
+    return tl.reshape(off[:, :, None] + scale[:, :, None] * q3, [BLOCK_T, NGP * G])
+
+
+@triton.jit
+def _pack(q, BITS: tl.constexpr, BLOCK_T: tl.constexpr, DP: tl.constexpr):
+    """``[BLOCK_T, DP]`` integer-valued fp32 codes -> ``[BLOCK_T, DP*BITS/8]`` uint8."""
+    qi = q.to(tl.int32)
+    if BITS == 8:
+        return qi.to(tl.uint8)
+    elif BITS == 4:
+        a, b = tl.split(tl.reshape(qi, [BLOCK_T, DP // 2, 2]))
+        return (a | (b << 4)).to(tl.uint8)
+    else:  # 2 bits: element 4i + 2k + j
+        e, o = tl.split(tl.reshape(qi, [BLOCK_T, DP // 4, 2, 2]))
+        e0, e1 = tl.split(e)
+        o0, o1 = tl.split(o)
+        return (e0 | (o0 << 2) | (e1 << 4) | (o1 << 6)).to(tl.uint8)
+
+
+@triton.jit
+def _store_loop(q, scale, off, loc, t_mask, codes, s_code, meta, s_meta, BITS: tl.constexpr,
+                D: tl.constexpr, NG: tl.constexpr, BLOCK_T: tl.constexpr, DP: tl.constexpr,
+                NGP: tl.constexpr):
+    """Store packed codes at ``codes + loc*s_code`` and FP8 meta at ``meta + loc*s_meta``
+    (both already offset to this program's K-or-V and head)."""
+    CB: tl.constexpr = DP * BITS // 8
+    col = tl.arange(0, CB)
+    m = t_mask[:, None] & (col[None, :] < D * BITS // 8)
+    tl.store(codes + loc[:, None] * s_code + col[None, :], _pack(q, BITS, BLOCK_T, DP), mask=m)
+    grp = tl.arange(0, NGP)
+    two = tl.arange(0, 2)
+    mb = tl.join(f32_to_fp8_bits(scale), f32_to_fp8_bits(off))  # [BLOCK_T, NGP, 2]
+    ptr = meta + loc[:, None, None] * s_meta + grp[None, :, None] * 2 + two[None, None, :]
+    tl.store(ptr, mb, mask=t_mask[:, None, None] & (grp[None, :, None] < NG))
+
+
+@triton.jit
+def _load_loop(X, loop, s_loop, s_tok, s_head, head, tok, t_mask, rot, s_rterm, s_rrow, alpha,
+               D: tl.constexpr, DP: tl.constexpr, HAS_ROT: tl.constexpr, TERMS: tl.constexpr,
+               INTERP: tl.constexpr):
+    d = tl.arange(0, DP)
+    ptr = X + loop * s_loop + tok[:, None] * s_tok + head * s_head + d[None, :]
+    x = tl.load(ptr, mask=t_mask[:, None] & (d[None, :] < D), other=0.0)
+    if HAS_ROT:
+        return rotate_rows(x, rot, s_rterm, s_rrow, TERMS, False, False, DP, INTERP) * alpha
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
+def _commit_anchor(X, Codes, SCodes, Meta, SMeta, kv, head, loc, tok, t_mask, s_loop, s_tok,
+                   s_head, rot, s_rterm, s_rrow, alpha, A: tl.constexpr, BITS: tl.constexpr,
+                   HAS_ROT: tl.constexpr, TERMS: tl.constexpr, D: tl.constexpr,
+                   DP: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr,
+                   BLOCK_T: tl.constexpr, INTERP: tl.constexpr):
+    """Quantize and store anchor loop ``A``; returns the dequantized anchor ``[BLOCK_T, DP]``."""
+    xa = _load_loop(X, A, s_loop, s_tok, s_head, head, tok, t_mask, rot, s_rterm, s_rrow, alpha,
+                    D, DP, HAS_ROT, TERMS, INTERP)
+    qa, sa, oa = _quantize(xa, (1 << BITS[A]) - 1, BLOCK_T, NGP, G)
+    _store_loop(qa, sa, oa, loc, t_mask,
+                Codes[A] + kv * SCodes[3 * A + 1] + head * SCodes[3 * A + 2], SCodes[3 * A],
+                Meta[A] + kv * SMeta[3 * A + 1] + head * SMeta[3 * A + 2], SMeta[3 * A],
+                BITS[A], D, NG, BLOCK_T, DP, NGP)
+    return _dequantize(qa, sa, oa, BLOCK_T, NGP, G)
+
+
+@triton.jit
+def _commit_residual(X, Codes, SCodes, Meta, SMeta, Coef, SCoef, kv, head, loc, tok, t_mask,
+                     s_loop, s_tok, s_head, rot, s_rterm, s_rrow, alpha, ahat, den,
+                     I: tl.constexpr, BITS: tl.constexpr, LSQ: tl.constexpr,
+                     HAS_ROT: tl.constexpr, TERMS: tl.constexpr, D: tl.constexpr,
+                     DP: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr,
+                     BLOCK_T: tl.constexpr, INTERP: tl.constexpr):
+    """LSQ coefficient, residual against ``ahat``, quantize and store loop ``I``."""
+    xi = _load_loop(X, I, s_loop, s_tok, s_head, head, tok, t_mask, rot, s_rterm, s_rrow, alpha,
+                    D, DP, HAS_ROT, TERMS, INTERP)
+    if LSQ:
+        c = to_bf16(tl.div_rn(tl.sum(xi * ahat, axis=1), den), INTERP)
+        cptr = Coef[I] + kv * SCoef[3 * I + 1] + head * SCoef[3 * I + 2]
+        tl.store(cptr + loc * SCoef[3 * I], c, mask=t_mask)
+        r = xi - c.to(tl.float32)[:, None] * ahat
+    else:
+        r = xi - ahat
+    if BITS[I] > 0:
+        qr, sr, orr = _quantize(r, (1 << BITS[I]) - 1, BLOCK_T, NGP, G)
+        _store_loop(qr, sr, orr, loc, t_mask,
+                    Codes[I] + kv * SCodes[3 * I + 1] + head * SCodes[3 * I + 2], SCodes[3 * I],
+                    Meta[I] + kv * SMeta[3 * I + 1] + head * SMeta[3 * I + 2], SMeta[3 * I],
+                    BITS[I], D, NG, BLOCK_T, DP, NGP)
+
+
+@triton.jit
+def rq_commit_kernel(
+    K, V, s_loop, s_tok, s_head,  # [L, T, H, D] bf16, last dim contiguous (same strides)
+    Loc, num_tokens,  # [T] int64
+    Codes, SCodes, Meta, SMeta, Coef, SCoef,  # per-loop tuples; strides flattened (row, kv, head)
+    Rot, s_rterm, s_rhead, s_rrow, alpha,  # [TERMS, H, DP, DP] bf16, R = alpha * sum(terms)
+    NUM_LOOPS: tl.constexpr, GROUP_LEN: tl.constexpr, ANCHOR_POS: tl.constexpr,
+    BITS: tl.constexpr, LSQ: tl.constexpr, HAS_ROT: tl.constexpr, TERMS: tl.constexpr,
+    D: tl.constexpr, DP: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr,
+    BLOCK_T: tl.constexpr, INTERP: tl.constexpr,
+):
+    pid_t = tl.program_id(0)
+    head = tl.program_id(1)
+    kv = tl.program_id(2)
+    tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_mask = tok < num_tokens
+    loc = tl.load(Loc + tok, mask=t_mask, other=0)
+    rot = Rot + head * s_rhead
+    if kv == 0:
+        X = K
+    else:
+        X = V
+    for g0 in tl.static_range(0, NUM_LOOPS, GROUP_LEN):
+        ahat = _commit_anchor(X, Codes, SCodes, Meta, SMeta, kv, head, loc, tok, t_mask, s_loop,
+                              s_tok, s_head, rot, s_rterm, s_rrow, alpha, g0 + ANCHOR_POS, BITS,
+                              HAS_ROT, TERMS, D, DP, G, NG, NGP, BLOCK_T, INTERP)
+        den = tl.maximum(tl.sum(ahat * ahat, axis=1), 1e-12)
+        for j in tl.static_range(GROUP_LEN):
+            if j != ANCHOR_POS:
+                _commit_residual(X, Codes, SCodes, Meta, SMeta, Coef, SCoef, kv, head, loc, tok,
+                                 t_mask, s_loop, s_tok, s_head, rot, s_rterm, s_rrow, alpha,
+                                 ahat, den, g0 + j, BITS, LSQ, HAS_ROT, TERMS, D, DP, G, NG,
+                                 NGP, BLOCK_T, INTERP)

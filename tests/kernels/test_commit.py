@@ -1,0 +1,165 @@
+"""Commit kernel vs `sglang_rq.reference.commit_reference` (the twin).
+
+Tolerance policy
+----------------
+* Under ``TRITON_INTERPRET=1`` (CPU) the kernel is **bit-identical** to the reference: every
+  code, FP8 scale/offset byte and BF16 coefficient, and every row outside ``loc`` untouched.
+* On the GPU the rotation ``x R`` is a tensor-core product with fp32 accumulation in another
+  order than PyTorch's CPU einsum, and ``<x, a>`` is summed in another order, so a value that
+  lands within ~1 fp32 ulp of a rounding boundary (a code's ``.5`` tie, an FP8 grid point,
+  a bf16 tie of ``c``) may round the other way. Allowed: at most 0.1% of code elements, FP8
+  meta bytes and coefficients differ (measured on the H200: 0.4e-5 to 4e-5), and no stored
+  vector's reconstruction (`dequantize_rows_reference` of both pools) moves by more than two
+  of its quantization steps (L2 bound ``2 sqrt(D) * step``), i.e. tie flips only, never a
+  systematic difference. Everything else must be equal.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rq_kernels import commit, unsupported_reason
+from rq_kernels.testing import loop_kv, make_view, random_orthogonal
+from sglang_rq.config import RQConfig
+from sglang_rq.reference import commit_reference, dequantize_rows_reference
+
+CPU_CASES = [  # name, head_dim, num_loops, num_kv_heads, num_tokens, cfg, rotation
+    ("ouro", 128, 4, 2, 37, RQConfig(), "cfg"),
+    ("single_loop_norot", 64, 1, 3, 33, RQConfig(rotation="none"), "cfg"),
+    ("d96_random_orth", 96, 4, 1, 19, RQConfig(), "rand"),
+    ("first_nolsq_a8_r4", 64, 3, 2, 17,
+     RQConfig(anchor="first", lsq=False, anchor_bits=8, residual_bits=4), "cfg"),
+    ("groups_shared_hadamard12", 96, 4, 1, 9, RQConfig(loop_group_size=2, residual_bits=0), "cfg"),
+]
+GPU_CASES = [
+    ("ouro_4k", 128, 4, 16, 4099, RQConfig(), "cfg"),
+    ("smollm_gqa", 64, 4, 3, 2053, RQConfig(), "cfg"),
+    ("huginn_d96", 96, 4, 8, 1031, RQConfig(), "cfg"),
+]  # general (3-term) rotations: bit-exact in the interpreter cases; on GPU via test_decode
+
+
+def _rotation(spec, heads, dim):
+    return random_orthogonal(heads, dim, seed=7) if spec == "rand" else spec
+
+
+def _pools(cfg, loops, heads, dim, tokens, rot, device, seed, head_major=(False, False)):
+    rows = tokens + 9
+    views = [make_view(cfg, num_loops=loops, num_kv_heads=heads, head_dim=dim, rows=rows,
+                       rotation=_rotation(rot, heads, dim), device=device, fill=True, seed=seed,
+                       head_major=hm) for hm in head_major]
+    gen = torch.Generator().manual_seed(seed)
+    loc = (torch.randperm(rows - 1, generator=gen)[:tokens] + 1).to(device)
+    k, v = loop_kv(loops, tokens, heads, dim, seed=seed, device=device,
+                   group_size=cfg.group_size)
+    return views, loc, k, v
+
+
+def _compare(a, b, *, exact: bool) -> dict:
+    stats = {}
+    for i in range(len(a.segments)):
+        for kind in ("codes", "meta", "coef"):
+            x, y = getattr(a, kind)[i], getattr(b, kind)[i]
+            if x is None or x.numel() == 0:
+                continue
+            diff = (x.view(torch.uint8) != y.view(torch.uint8)).float().mean().item()
+            stats[f"{kind}[{i}]"] = diff
+            if exact:
+                assert torch.equal(x.view(torch.uint8), y.view(torch.uint8)), (
+                    f"{kind}[{i}] differs on {diff:.2e} of bytes")
+            else:
+                assert diff <= 1e-3, f"{kind}[{i}] differs on {diff:.2e} of bytes (> 1e-3)"
+    return stats
+
+
+@pytest.mark.parametrize("name,dim,loops,heads,tokens,cfg,rot", CPU_CASES,
+                         ids=[c[0] for c in CPU_CASES])
+def test_commit_matches_reference(name, dim, loops, heads, tokens, cfg, rot, device):
+    if device == "cuda":
+        pytest.skip("small interpreter case; GPU runs test_commit_real_size")
+    (ours, ref), loc, k, v = _pools(cfg, loops, heads, dim, tokens, rot, device, seed=1)
+    assert unsupported_reason(ours) is None
+    commit(k, v, loc, ours)
+    commit_reference(k, v, loc, ref)
+    _compare(ours, ref, exact=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,dim,loops,heads,tokens,cfg,rot", GPU_CASES,
+                         ids=[c[0] for c in GPU_CASES])
+def test_commit_real_size(name, dim, loops, heads, tokens, cfg, rot, device):
+    (ours, ref), loc, k, v = _pools(cfg, loops, heads, dim, tokens, rot, device, seed=2)
+    commit(k, v, loc, ours)
+    commit_reference(k, v, loc, ref)
+    stats = _compare(ours, ref, exact=False)
+    print(name, "mismatch fractions", {key: f"{val:.1e}" for key, val in stats.items()})
+    for loop in range(loops):
+        x_ours = torch.stack(dequantize_rows_reference(ours, loc, loop), 1)  # [T, 2, H, D]
+        x_ref = torch.stack(dequantize_rows_reference(ref, loc, loop), 1)
+        diff = (x_ours - x_ref).norm(dim=-1)  # [T, 2, H]
+        bound = 2 * dim ** 0.5 * _max_step(ref, loc, loop)
+        bad = (diff > bound).sum().item()
+        assert bad == 0, f"loop {loop}: {bad} vectors differ by more than 2 quantization steps"
+
+
+def _max_step(view, loc, loop):
+    """Largest quantization step of each stored vector of ``loop``: ``max_g s_a,g * max(1, |c|)
+    + max_g s_r,g`` (``[T, 2, H]``), from the reference pool's FP8 scales."""
+    seg = view.segments[loop]
+    s_a = view.meta[seg.base][loc].view(torch.float8_e4m3fn)[..., 0].float().amax(-1)
+    if seg.base == loop:
+        return s_a
+    c = view.coef[loop][loc].float().abs().clamp_min(1.0) if view.coef[loop] is not None else 1.0
+    s_r = (view.meta[loop][loc].view(torch.float8_e4m3fn)[..., 0].float().amax(-1)
+           if view.meta[loop] is not None else 0.0)
+    return s_a * c + s_r
+
+
+def test_commit_special_groups_exact(device):
+    """Zero and constant (FP8-representable) groups reconstruct exactly; large outliers stay
+    within half a step of their group."""
+    cfg = RQConfig(rotation="none")
+    (view, _), loc, k, v = _pools(cfg, 4, 1, 64, 5, None, device, seed=3)
+    commit(k, v, loc, view)
+    rec, _ = dequantize_rows_reference(view, loc, 3)  # the anchor loop, K
+    assert torch.equal(rec[0, :, :32], torch.zeros_like(rec[0, :, :32]))
+    assert torch.equal(rec[1, :, :32], torch.full_like(rec[1, :, :32], 0.75))
+    assert torch.isfinite(rec).all()
+
+
+def test_commit_head_major_pool(device):
+    """Commit into a head-major pool ([2, H, rows, bytes] storage) writes the same bytes."""
+    (ours, ref), loc, k, v = _pools(RQConfig(), 4, 2, 64, 11, "cfg", device, seed=6,
+                                    head_major=(True, False))
+    commit(k, v, loc, ours)
+    commit_reference(k, v, loc, ref)
+    _compare(ours, ref, exact=device == "cpu")
+
+
+def test_unsupported_format_falls_back(device):
+    """Chained anchors are not fused: `commit` must give exactly the reference's bytes."""
+    cfg = RQConfig(anchor="chained", rotation="none")
+    (ours, ref), loc, k, v = _pools(cfg, 3, 2, 64, 7, None, device, seed=4)
+    assert unsupported_reason(ours) is not None
+    commit(k, v, loc, ours)
+    commit_reference(k, v, loc, ref)
+    _compare(ours, ref, exact=True)
+
+
+def test_commit_rejects_bad_input(device):
+    cfg = RQConfig()
+    (view, _), loc, k, v = _pools(cfg, 4, 2, 64, 5, "cfg", device, seed=5)
+    with pytest.raises(AssertionError, match="loc"):
+        commit(k, v, loc.to(torch.int32), view)
+    with pytest.raises(AssertionError, match="bf16"):
+        commit(k.float(), v.float(), loc, view)
+
+
+def test_kernels_really_run(device):
+    """Guard: on CPU the kernels must run in the interpreter, not fall back to the twins
+    (TRITON_INTERPRET must be set before anything imports triton)."""
+    from rq_kernels._host import interpreting, on_kernel_device
+    from rq_kernels.triton.commit import rq_commit_kernel
+
+    assert on_kernel_device(rq_commit_kernel, torch.zeros(1, device=device))
+    assert interpreting(rq_commit_kernel) == (device == "cpu")
