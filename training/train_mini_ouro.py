@@ -196,7 +196,7 @@ def loss_fn(model: OuroReferenceModel, x: torch.Tensor, y: torch.Tensor, aux_wei
         target = ((ces[t] - ces[t + 1]).detach() < gate_margin).float()
         gate_losses.append(F.binary_cross_entropy_with_logits(logit, target))
     gate_loss = torch.stack(gate_losses).mean()
-    return loss + gate_loss, [float(c.mean()) for c in ces], float(gate_loss)
+    return loss + gate_loss, [float(c.detach().mean()) for c in ces], float(gate_loss.detach())
 
 
 def train(args) -> None:
@@ -359,7 +359,7 @@ def main() -> None:
     t.add_argument("--steps", type=int, default=0, help="0 = fit --time-budget")
     t.add_argument("--time-budget", type=float, default=420.0, help="training seconds (excl. final eval)")
     t.add_argument("--probe-steps", type=int, default=20)
-    t.add_argument("--lr", type=float, default=2e-3)
+    t.add_argument("--lr", type=float, default=1.5e-3)
     t.add_argument("--min-lr-frac", type=float, default=0.1)
     t.add_argument("--warmup", type=int, default=300)
     t.add_argument("--weight-decay", type=float, default=0.1)
