@@ -10,9 +10,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
 fi
-if ! "$VENV/bin/python" -c "import sglang, sglang_rq, pytest" 2>/dev/null \
+if ! "$VENV/bin/python" -c "import sglang, sglang_rq, pytest, smg, locust, kubernetes_validate" 2>/dev/null \
    || [ "$("$VENV/bin/python" -c 'import sglang_rq, os; print(os.path.dirname(os.path.dirname(sglang_rq.__file__)))')" != "$PWD" ]; then
-  "$VENV/bin/python" -m pip install -q -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
+  "$VENV/bin/python" -m pip install -q -e ".[test,serve,deploy]" 2>&1 | grep -v "^WARNING: Location" || true
 fi
 "$VENV/bin/python" -c "import sglang, sglang_rq; print('sglang', sglang.__version__)" >&2
 echo "$VENV"

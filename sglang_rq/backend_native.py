@@ -16,6 +16,8 @@ from torch.nn.functional import scaled_dot_product_attention
 
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
+from sglang_rq import metrics
+
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -66,4 +68,6 @@ class RQNativeAttnBackend(TorchNativeAttnBackend):
                 attn_mask=mask, scale=layer.scaling, enable_gqa=hq != hkv)
             out[start_q:start_q + e] = o.squeeze(0).transpose(0, 1)
             start_q, start_h = start_q + e, start_h + p
+        if phys == pool.rq_shape.num_layers - 1 and loop == pool.rq_shape.num_loops - 1:
+            metrics.count_nonfinite(out)  # once per forward: NaN/Inf upstream has reached here
         return out.view(q.shape[0], hq * d)

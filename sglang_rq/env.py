@@ -64,3 +64,9 @@ RQ_USE_KERNELS = EnvVar("SGLANG_RQ_USE_KERNELS", _bool, True,
                         "use the Triton kernels on CUDA devices (false = reference codec)")
 RQ_CANARY_INTERVAL_S = EnvVar("SGLANG_RQ_CANARY_INTERVAL_S", float, 30.0,
                               "seconds between readiness canary requests")
+RQ_CANARY = EnvVar("SGLANG_RQ_CANARY", _bool, True,
+                   "run the readiness canary in the HTTP server process (/rq/ready)")
+RQ_CANARY_FILE = EnvVar("SGLANG_RQ_CANARY_FILE", str, "",
+                        "canary spec JSON (default: <model-path>/canary.json, else generation-only)")
+PROMETHEUS_MULTIPROC_DIR = EnvVar("PROMETHEUS_MULTIPROC_DIR", str, "",
+                                  "set by SGLang --enable-metrics; sglang-rq metrics are off without it")

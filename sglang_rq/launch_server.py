@@ -40,6 +40,11 @@ def add_serving_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rq-staging-tokens", type=int, default=0,
                    help="Tokens per forward held by the BF16 staging buffer (default: derived from "
                         "--chunked-prefill-size and --max-running-requests).")
+    g.add_argument("--rq-canary-file", default="", help="Readiness canary spec JSON "
+                   "(default <model-path>/canary.json; see sglang_rq/canary.py).")
+    g.add_argument("--rq-canary-interval-s", type=float, default=0.0,
+                   help="Seconds between canary runs (default 30).")
+    g.add_argument("--rq-no-canary", action="store_true", help="No /rq/ready canary thread.")
 
 
 def _has_flag(argv: list[str], flag: str) -> bool:
@@ -62,6 +67,11 @@ def prepare_environment(argv: list[str]) -> list[str]:
     env.RQ_CONFIG.set(cfg.to_json())
     env.RQ_KV_BUDGET_GB.set(ours.rq_kv_budget_gb or None)
     env.RQ_STAGING_TOKENS.set(ours.rq_staging_tokens or None)
+    for var, value in ((env.RQ_CANARY_FILE, ours.rq_canary_file),
+                       (env.RQ_CANARY_INTERVAL_S, ours.rq_canary_interval_s),
+                       (env.RQ_CANARY, "0" if ours.rq_no_canary else "")):
+        if value:
+            var.set(value)
     if not _has_flag(rest, "--model-path") and not _has_flag(rest, "--model"):
         rest += ["--model-path", str(EMBEDDED_MODEL)]
     cuda = has_cuda()
@@ -107,6 +117,11 @@ def main(argv: list[str] | None = None) -> None:
         from sglang_rq.plugin import validate_server_args
 
         validate_server_args(server_args)  # before any weights load
+    from sglang.srt.entrypoints.http_server import app
+
+    from sglang_rq.canary import install
+
+    install(app, server_args)  # /rq/ready + canary thread (single-tokenizer HTTP server)
     run_server(server_args)
 
 

@@ -27,6 +27,7 @@ import torch
 
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
+from sglang_rq import metrics
 from sglang_rq.config import RQConfig
 from sglang_rq.layout import (
     ModelKVShape,
@@ -127,6 +128,10 @@ class RQTokenToKVPool(MHATokenToKVPool):
             "compressed %.3f GB, staging %d tokens %.3f GB, format: %s",
             num_tokens, per_tok, bf16, bf16 / per_tok, self.compressed_nbytes() / (1 << 30),
             self.rq_staging_tokens, self.fixed_nbytes() / (1 << 30), self.rq_cfg.describe())
+        metrics.publish_kv_format(
+            cfg=self.rq_cfg, shape=self.rq_shape, page_size=self.page_size,
+            staging_tokens=self.rq_staging_tokens, pool_tokens=num_tokens,
+            pool_bytes=self.compressed_nbytes(), dtype_bytes=self.rq_staging.element_size())
 
     def get_kv_size_bytes(self):
         total = self.compressed_nbytes()
@@ -169,6 +174,10 @@ class RQTokenToKVPool(MHATokenToKVPool):
             commit(k_loops, v_loops, loc, view)
         else:
             commit_reference(k_loops, v_loops, loc, view)
+        if layer == self.rq_shape.num_layers - 1 and grp == len(self.group_views[layer]) - 1:
+            metrics.count_committed(n)  # NOTE: host int; not counted under CUDA-graph replay
+            if loc.is_cuda and not self.rq_use_kernels:
+                metrics.count_fallback("commit")
 
     # ------------------------------------------------------------------ read path
     def dequantize(self, loop: int, layer: int, slots: torch.Tensor

@@ -1,7 +1,7 @@
 """Capacity, admission and output agreement of the RQ pool vs the BF16 pool, same byte budget.
 
 Two real SGLang servers on CPU serve the embedded mini-Ouro (4 layers x 4 loops, 4 KV heads,
-head_dim 128) with ``--rq-kv-budget-gb 0.1``: one with the ResidualQuant pool, one with
+head_dim 128) with ``--rq-kv-budget-gb 0.04``: one with the ResidualQuant pool, one with
 ``--rq-disable`` (SGLang's own BF16 pool and attention). Expected capacities are computed here
 from the hand formulas, not read back from the code under test.
 """
@@ -21,14 +21,14 @@ from tests.server import Server
 
 pytestmark = pytest.mark.engine
 
-BUDGET_GB = 0.1
-COMMON = ["--rq-kv-budget-gb", str(BUDGET_GB), "--chunked-prefill-size", "256",
-          "--max-running-requests", "24", "--enable-metrics"]
+BUDGET_GB = 0.04
+COMMON = ["--rq-kv-budget-gb", str(BUDGET_GB), "--chunked-prefill-size", "128",
+          "--max-running-requests", "24", "--enable-metrics", "--decode-log-interval", "1", "--rq-no-canary"]
 # mini-Ouro: per (token, layer, loop, K/V, head) BF16 = 128 * 2 B; RQ default = 198 B over 4 loops.
 LAYERS, LOOPS, HEADS, D = 4, 4, 4, 128
 BF16_CELL = LAYERS * LOOPS * 2 * HEADS * D * 2
 RQ_CELL = LAYERS * 2 * HEADS * (72 + 3 * 42)
-STAGING_TOKENS = 256  # max(chunked prefill 256, max running 24)
+STAGING_TOKENS = 128  # max(chunked prefill 128, max running 24)
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"
 FALLBACK_QUESTIONS = [  # used only where ../shared/data is not beside the checkout
     "Tom has 3 apples and buys 5 more. How many apples does he have?",
@@ -69,10 +69,11 @@ def test_capacity_is_budget_over_compressed_cell(servers):
 def _flood(server, n, prompt_len, new_tokens):
     """Send n concurrent requests; return the largest #running-req the scheduler logged."""
     before = len(server.log())
-    prompt = list(range(100, 100 + prompt_len))
     errors = []
 
-    def one():
+    def one(i):
+        # distinct first tokens: no radix-cache prefix sharing between the requests
+        prompt = [3 + i] + [(97 * i + 13 * j) % 8000 + 3 for j in range(prompt_len - 1)]
         try:
             r = requests.post(server.url + "/generate", json={
                 "input_ids": prompt, "sampling_params": {"max_new_tokens": new_tokens,
@@ -82,24 +83,26 @@ def _flood(server, n, prompt_len, new_tokens):
         except Exception as exc:  # noqa: BLE001 - collected and asserted below
             errors.append(exc)
 
-    threads = [threading.Thread(target=one) for _ in range(n)]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert not errors, errors
     log = server.log()[before:]
-    running = [int(x) for x in re.findall(r"#running-req: (\d+)", log)]
+    running = [int(x) for x in re.findall(r"Decode batch, #running-req: (\d+)", log)]
     return max(running, default=0)
 
 
 def test_rq_pool_admits_more_concurrent_requests(servers):
     rq, bf16 = servers
-    # 24 requests x (300 prompt + 40 new) tokens = 8160 > BF16 capacity (3276), < RQ capacity.
-    bf16_peak = _flood(bf16, 24, 300, 40)
-    rq_peak = _flood(rq, 24, 300, 40)
-    print(f"peak concurrently running requests at {BUDGET_GB} GiB: RQ {rq_peak}, BF16 {bf16_peak}")
-    assert bf16_peak <= 3276 // 300
+    # 16 requests x (150 prompt + 8 new) tokens = 2528 > BF16 capacity, < RQ capacity.
+    bf16_cap = int(BUDGET_GB * (1 << 30)) // BF16_CELL
+    bf16_peak = _flood(bf16, 16, 150, 8)
+    rq_peak = _flood(rq, 16, 150, 8)
+    print(f"peak concurrently running requests at {BUDGET_GB} GiB: RQ {rq_peak}, BF16 {bf16_peak} "
+          f"(BF16 capacity {bf16_cap} tokens = {bf16_cap // 158} requests of 158 tokens)")
+    assert bf16_peak <= bf16_cap // 150
     assert rq_peak > bf16_peak
 
 

@@ -37,7 +37,7 @@ def reference_tokens(checkpoint):
 def _serve(checkpoint, tmp_path_factory, *extra):
     log = tmp_path_factory.mktemp("logs") / "server.log"
     return Server(["--model-path", str(checkpoint), "--dtype", "float32", "--skip-tokenizer-init",
-                   "--max-total-tokens", "4096", *extra], log)
+                   "--max-total-tokens", "4096", "--rq-no-canary", *extra], log)
 
 
 def test_sglang_ouro_matches_reference_greedy(checkpoint, reference_tokens, tmp_path_factory):

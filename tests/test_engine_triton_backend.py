@@ -30,7 +30,7 @@ def checkpoint(tmp_path_factory):
 def _tokens(checkpoint, tmp_path_factory, backend, env=None):
     log = tmp_path_factory.mktemp("logs") / f"{backend}.log"
     server = Server(["--model-path", str(checkpoint), "--skip-tokenizer-init", "--max-total-tokens",
-                     "2048", "--attention-backend", backend], log, env=env)
+                     "2048", "--attention-backend", backend, "--rq-no-canary"], log, env=env)
     try:
         return server.generate_ids(PROMPTS, 6), server.log()
     finally:
