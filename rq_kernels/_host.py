@@ -55,7 +55,9 @@ def on_kernel_device(kernel, *tensors: torch.Tensor) -> bool:
     return dev.type == "cuda" or (dev.type == "cpu" and interpreting(kernel))
 
 
-_ROT_CACHE: dict[tuple, tuple[torch.Tensor, float, int]] = {}
+# NOTE: each entry keeps its source tensor alive, so a data_ptr in a key can never be reused by
+# a different (later) rotation tensor and hit a stale entry.
+_ROT_CACHE: dict[tuple, tuple[torch.Tensor, float, int, torch.Tensor]] = {}
 
 
 def rotation_terms(rotation: torch.Tensor | None, padded_dim: int, device: torch.device
@@ -72,8 +74,8 @@ def rotation_terms(rotation: torch.Tensor | None, padded_dim: int, device: torch
         return torch.zeros(1, dtype=torch.bfloat16, device=device), 1.0, 1
     key = (rotation.data_ptr(), rotation._version, tuple(rotation.shape), str(device), padded_dim)
     hit = _ROT_CACHE.get(key)
-    if hit is not None:
-        return hit
+    if hit is not None and hit[3] is rotation:
+        return hit[:3]
     r = rotation.detach().to(device=device, dtype=torch.float32)
     h, d, _ = r.shape
     mag = r.abs()
@@ -90,7 +92,7 @@ def rotation_terms(rotation: torch.Tensor | None, padded_dim: int, device: torch
     for t, p in enumerate(parts):
         terms[t, :, :d, :d] = p.to(torch.bfloat16)
     out = (terms, alpha, len(parts))
-    _ROT_CACHE[key] = out
+    _ROT_CACHE[key] = (*out, rotation)
     return out
 
 
