@@ -106,7 +106,7 @@ def test_rq_pool_admits_more_concurrent_requests(servers):
     assert rq_peak > bf16_peak
 
 
-def _chat(server, question, max_tokens=48):
+def _chat(server, question, max_tokens=32):
     r = requests.post(server.url + "/v1/chat/completions", json={
         "model": "default", "temperature": 0, "max_tokens": max_tokens,
         "messages": [{"role": "user", "content": question}]}, timeout=900)
@@ -116,11 +116,11 @@ def _chat(server, question, max_tokens=48):
 
 def test_rq_greedy_output_agrees_with_bf16(servers):
     rq, bf16 = servers
-    questions = ([json.loads(line)["question"] for line in GSM8K.read_text().splitlines()[:6]]
+    questions = ([json.loads(line)["question"] for line in GSM8K.read_text().splitlines()[:3]]
                  if GSM8K.exists() else FALLBACK_QUESTIONS)
     prompts = [[1] + list(range(200, 200 + n)) for n in (40, 90, 150)]  # long decode histories
-    rq_ids = rq.generate_ids(prompts, 64)
-    bf16_ids = bf16.generate_ids(prompts, 64)
+    rq_ids = rq.generate_ids(prompts, 48)
+    bf16_ids = bf16.generate_ids(prompts, 48)
     same = total = prefix = 0
     for a, b in zip(rq_ids, bf16_ids):
         same += sum(x == y for x, y in zip(a, b))
@@ -130,7 +130,7 @@ def test_rq_greedy_output_agrees_with_bf16(servers):
     words_same = sum(a == b for a, b in answers)
     rate = same / total
     print(f"RQ vs BF16 greedy agreement: {rate:.3f} of {total} positions, mean common prefix "
-          f"{prefix / len(prompts):.1f}/64 tokens; identical chat answers {words_same}/{len(answers)}")
+          f"{prefix / len(prompts):.1f}/48 tokens; identical chat answers {words_same}/{len(answers)}")
     for a, b in answers[:2]:
         print(f"  RQ:   {a[:120]!r}\n  BF16: {b[:120]!r}")
     assert all(a.strip() for a, _ in answers)
