@@ -5,7 +5,8 @@ Every SGLang server flag is accepted unchanged. Without ``--model-path`` the emb
 is served. On a machine without CUDA the CPU engine is selected (``--device cpu``,
 ``SGLANG_USE_CPU_ENGINE=1``), SGLang's CUDA-only kernel package is given its CPU stand-in, and
 sane sizes are set unless given (``--max-total-tokens 16384``, ``--max-running-requests 32``,
-``--chunked-prefill-size 2048``; otherwise SGLang sizes the pool from ~70% of RAM).
+``--chunked-prefill-size 2048``; otherwise SGLang sizes the pool from ~70% of RAM), and
+``OMP_NUM_THREADS=1`` unless set.
 """
 
 from __future__ import annotations
@@ -81,6 +82,9 @@ def prepare_environment(argv: list[str]) -> list[str]:
         rest += ["--disable-cuda-graph"]  # NOTE: rq_triton has no CUDA-graph capture path yet
     if not cuda:
         os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
+        # NOTE: the reference codec is many small ops; with >1 intra-op thread on a busy machine
+        # torch's thread pool thrashes (measured 0.33 s vs 13.5 s per decode step, 2 cores).
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
         os.environ["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(CPU_SHIMS), os.environ.get("PYTHONPATH", "")) if p)
         sys.path.insert(0, str(CPU_SHIMS))
