@@ -105,6 +105,10 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     if out is None:
         out = torch.empty_like(q)
     assert out.shape == q.shape and out.dtype == q.dtype and out.stride(-1) == 1
+    if block_n < 32 and q.is_cuda:
+        # NOTE: measured wrong on the H200 (its 16-row tensor-core path); correct under the
+        # interpreter. Refused rather than risked; see docs/kernels.md "Decode v2".
+        raise ValueError(f"decode_attention: block_n={block_n} < 32 is not supported on CUDA")
     gq = HQ // HKV
     args, c = attention_loop_args(view, loop_id)
     gqv = max(next_pow2(gq), 16 // c["NGP"])

@@ -75,7 +75,7 @@ def test_decode_matches_reference(name, cfg, loops, hkv, group, dim, lens, rot, 
 def test_decode_more_splits_than_tiles(device):
     """Empty splits (more splits than history tiles) and an empty history merge correctly."""
     _run(RQConfig(), 4, 1, 2, 64, [1, 0, 17], "cfg", (0,), device, seed=12, num_splits=5,
-         block_n=16)
+         block_n=16 if device == "cpu" else 32)  # block_n=16 is refused on CUDA (wrong there)
 
 
 def test_decode_head_major_pool(device):
