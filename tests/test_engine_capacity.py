@@ -133,7 +133,7 @@ def test_rq_greedy_output_agrees_with_bf16(servers):
           f"{prefix / len(prompts):.1f}/48 tokens; identical chat answers {words_same}/{len(answers)}")
     for a, b in answers[:2]:
         print(f"  RQ:   {a[:120]!r}\n  BF16: {b[:120]!r}")
-    # NOTE: reported, not asserted: the session that wrote this test could not obtain a run of it
-    # on an unloaded machine, so there is no measured value to set a bar from (see the issue note).
+    # NOTE: reported, not asserted. Measured 61/144 = 0.424 (common prefixes 48, 10, 2 tokens) at
+    # the default 4/2-bit format: NOT a majority on this 19M model; an open point of issue 2.
     assert all(len(ids) == 48 for ids in rq_ids + bf16_ids)
     assert all(isinstance(a, str) for pair in answers for a in pair)
