@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rq_kernels._host import (
-    attention_loop_args, cdiv, check_view, interpreting, next_pow2, on_kernel_device,
+    attention_loop_args, cdiv, check_decode_args, interpreting, next_pow2, on_kernel_device,
     rotation_terms, unsupported_reason,
 )
 from rq_kernels.triton.decode import rq_decode_merge_kernel, rq_decode_split_kernel
@@ -89,22 +89,8 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
                                           sm_scale=sm_scale, out=out)
     B, HQ, D = q.shape
     HKV = k_cur.shape[1]
+    out = check_decode_args(q, k_cur, v_cur, view, loop_id, kv_indptr, kv_indices, out)
     dev = q.device
-    assert q.dtype == k_cur.dtype == v_cur.dtype == torch.bfloat16, "q/k_cur/v_cur must be bf16"
-    assert k_cur.shape == v_cur.shape == (B, HKV, D) and HQ % HKV == 0, (
-        f"q {tuple(q.shape)}, k_cur {tuple(k_cur.shape)}, v_cur {tuple(v_cur.shape)} mismatch")
-    assert D == view.head_dim and 0 <= loop_id < len(view.segments), "head_dim/loop_id vs view"
-    for name, t in (("q", q), ("k_cur", k_cur), ("v_cur", v_cur)):
-        assert t.device == dev and t.stride(-1) == 1, (
-            f"{name} must be on {dev}, last dim contiguous")
-    assert kv_indptr.shape == (B + 1,) and kv_indptr.dtype == torch.int32, "kv_indptr int32 [B+1]"
-    assert kv_indices.dim() == 1 and kv_indices.dtype == torch.int64, "kv_indices int64 [nnz]"
-    assert kv_indptr.device == dev and kv_indices.device == dev and kv_indptr.is_contiguous()
-    assert kv_indices.is_contiguous()
-    check_view(view, dev)
-    if out is None:
-        out = torch.empty_like(q)
-    assert out.shape == q.shape and out.dtype == q.dtype and out.stride(-1) == 1
     if block_n < 32 and q.is_cuda:
         # NOTE: measured wrong on the H200 (its 16-row tensor-core path); correct under the
         # interpreter. Refused rather than risked; see docs/kernels.md "Decode v2".
