@@ -1,4 +1,5 @@
-"""The ``sglang-rq`` command: ``serve`` (SGLang server + plugin) and ``kv-size`` (byte accounting)."""
+"""The ``sglang-rq`` command: ``serve`` (SGLang server + plugin), ``kv-size`` (byte accounting),
+``eval`` (quality of KV formats through the server, `sglang_rq.quality.harness`)."""
 
 from __future__ import annotations
 
@@ -87,11 +88,18 @@ def kv_size(argv: list[str]) -> int:
     return 0
 
 
+def _eval(argv: list[str]) -> int:
+    from sglang_rq.quality.harness import main as run_eval
+
+    return run_eval(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"serve": None, "kv-size": kv_size}
+    commands = {"serve": None, "kv-size": kv_size, "eval": _eval}
     if not argv or argv[0] not in commands:
-        print("usage: sglang-rq {serve,kv-size} [options]  (sglang-rq COMMAND --help)", file=sys.stderr)
+        print("usage: sglang-rq {serve,kv-size,eval} [options]  (sglang-rq COMMAND --help)",
+              file=sys.stderr)
         return 2
     try:
         if argv[0] == "serve":

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-from pathlib import Path
 
 import pytest
 import requests
@@ -29,11 +28,6 @@ LAYERS, LOOPS, HEADS, D = 4, 4, 4, 128
 BF16_CELL = LAYERS * LOOPS * 2 * HEADS * D * 2
 RQ_CELL = LAYERS * 2 * HEADS * (72 + 3 * 42)
 STAGING_TOKENS = 128  # max(chunked prefill 128, max running 24)
-GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"
-FALLBACK_QUESTIONS = [  # used only where ../shared/data is not beside the checkout
-    "Tom has 3 apples and buys 5 more. How many apples does he have?",
-    "A train travels 60 miles per hour for 2 hours. How far does it go?",
-]
 
 
 @pytest.fixture(scope="module")
@@ -106,34 +100,34 @@ def test_rq_pool_admits_more_concurrent_requests(servers):
     assert rq_peak > bf16_peak
 
 
-def _chat(server, question, max_tokens=32):
-    r = requests.post(server.url + "/v1/chat/completions", json={
-        "model": "default", "temperature": 0, "max_tokens": max_tokens,
-        "messages": [{"role": "user", "content": question}]}, timeout=900)
-    r.raise_for_status()
-    return r.json()["choices"][0]["message"]["content"]
+def test_rq_output_agrees_with_bf16(servers):
+    """Most next-token predictions agree (teacher-forced top-1, the quality harness's metric)."""
+    from transformers import AutoTokenizer
 
+    from sglang_rq.quality import data, harness, metrics
 
-def test_rq_greedy_output_agrees_with_bf16(servers):
     rq, bf16 = servers
-    questions = ([json.loads(line)["question"] for line in GSM8K.read_text().splitlines()[:3]]
-                 if GSM8K.exists() else FALLBACK_QUESTIONS)
-    prompts = [[1] + list(range(200, 200 + n)) for n in (40, 90, 150)]  # long decode histories
-    rq_ids = rq.generate_ids(prompts, 48)
-    bf16_ids = bf16.generate_ids(prompts, 48)
-    same = total = prefix = 0
-    for a, b in zip(rq_ids, bf16_ids):
-        same += sum(x == y for x, y in zip(a, b))
-        total += len(b)
-        prefix += next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(b))
-    answers = [(_chat(rq, q), _chat(bf16, q)) for q in questions]
-    words_same = sum(a == b for a, b in answers)
-    rate = same / total
-    print(f"RQ vs BF16 greedy agreement: {rate:.3f} of {total} positions, mean common prefix "
-          f"{prefix / len(prompts):.1f}/48 tokens; identical chat answers {words_same}/{len(answers)}")
-    for a, b in answers[:2]:
-        print(f"  RQ:   {a[:120]!r}\n  BF16: {b[:120]!r}")
-    # NOTE: reported, not asserted. Measured 61/144 = 0.424 (common prefixes 48, 10, 2 tokens) at
-    # the default 4/2-bit format: NOT a majority on this 19M model; an open point of issue 2.
+    if not (data.DEFAULT_DATA_DIR / "literature").exists():
+        pytest.skip(f"held-out text not found under {data.DEFAULT_DATA_DIR}")
+    tok = AutoTokenizer.from_pretrained(str(EMBEDDED_MODEL))
+    docs = data.documents("pride", data.DEFAULT_DATA_DIR, tok, num_docs=3, doc_tokens=400, bos_id=0)
+    # positions after the first 128-token prefill chunk: their context is the compressed cache
+    ref = harness.score_documents(bf16.url, docs, top_k=20, score_from=129)
+    got = harness.score_documents(rq.url, docs, top_k=20, score_from=129)
+    top_ref = [p for d in ref["top"] for p in d]
+    top_rq = [p for d in got["top"] for p in d]
+    agreement = metrics.top1_agreement(top_ref, top_rq)
+    kl = sum(metrics.topk_kl(p, q) for p, q in zip(top_ref, top_rq)) / len(top_ref)
+    # free-running greedy decode, for the record: one early near-tie flips the rest of a sequence
+    prompts = [d[:64] for d in docs]
+    rq_ids, bf16_ids = rq.generate_ids(prompts, 48), bf16.generate_ids(prompts, 48)
+    firsts = [metrics.first_difference(a, b) for a, b in zip(rq_ids, bf16_ids)]
+    same = sum(x == y for a, b in zip(rq_ids, bf16_ids) for x, y in zip(a, b))
+    print(f"RQ vs BF16 agreement: teacher-forced top-1 {agreement:.3f} over {len(top_ref)} positions "
+          f"(mean top-20 KL {kl:.4f} nats); free-running greedy {same}/{48 * len(prompts)} positions, "
+          f"tokens before the first difference {firsts}")
+    # Measured 0.95 (pride, chunk 32, sglang-rq eval); any pool/codec/backend wiring error
+    # (wrong slot, loop or rotation) gives near-chance agreement on an 8192-token vocabulary.
+    assert agreement >= 0.8
+    assert kl < 0.05
     assert all(len(ids) == 48 for ids in rq_ids + bf16_ids)
-    assert all(isinstance(a, str) for pair in answers for a in pair)

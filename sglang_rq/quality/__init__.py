@@ -1,0 +1,1 @@
+"""Quality evaluation of KV formats through the real SGLang engine (``sglang-rq eval``)."""

@@ -1,0 +1,244 @@
+"""``sglang-rq eval``: quality of KV formats measured through the real SGLang server.
+
+For each format (``bf16`` first, the reference) a server is started with that format's
+``--rq-*`` flags, held-out documents are scored teacher-forced (prompt log-probabilities with
+top-k), a few greedy continuations are generated, and the server is stopped. Prefill is chunked
+(``--chunk``, default 32 tokens) and only positions after the first chunk are scored, so every
+scored token's context comes from the compressed cache except for the at most ``chunk`` most
+recent tokens that are still in BF16 staging (decode reads 0 such tokens: chunking is what makes
+teacher forcing exercise the compressed history).
+
+Per format and dataset: perplexity and its change vs BF16, mean KL(BF16 || format) per token
+(top-k lower bound, `metrics.topk_kl`), top-1 agreement; per format: greedy tokens until the
+first difference from BF16 and the 4-gram repetition rate of the generation; effective bits per
+element from `layout.effective_bits` (all metadata included). Writes ``results.json``,
+``results.md`` and ``quality.png`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+from sglang_rq.quality import data, ladder, metrics
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    from sglang_rq.launch_server import EMBEDDED_MODEL
+
+    p = argparse.ArgumentParser(prog="sglang-rq eval", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-path", default=str(EMBEDDED_MODEL), help="Model directory (default: embedded).")
+    p.add_argument("--formats", default="ladder",
+                   help=f"Comma-separated names from {{{', '.join(ladder.FORMATS)}}}, 'ladder', 'all', "
+                        "or rotation=PATH.safetensors. bf16 is always run first. Default %(default)s.")
+    p.add_argument("--datasets", default="pride,wikitext2", help="Comma-separated: pride, wikitext2.")
+    p.add_argument("--data-dir", type=Path, default=data.DEFAULT_DATA_DIR)
+    p.add_argument("--docs", type=int, default=4, help="Documents per dataset.")
+    p.add_argument("--doc-tokens", type=int, default=512, help="Tokens per document.")
+    p.add_argument("--chunk", type=int, default=32, help="--chunked-prefill-size of the servers.")
+    p.add_argument("--top-k", type=int, default=20, help="Top-k log-probabilities per position (KL).")
+    p.add_argument("--gen-prompts", type=int, default=4, help="Greedy generations per format.")
+    p.add_argument("--gen-prompt-tokens", type=int, default=64)
+    p.add_argument("--gen-tokens", type=int, default=256, help="Greedy tokens per generation.")
+    p.add_argument("--server-args", default="", help="Extra server flags (one shell-quoted string).")
+    p.add_argument("--out", type=Path, default=Path("eval-results"))
+    a = p.parse_args(argv)
+    for name in ("docs", "doc_tokens", "chunk", "top_k", "gen_tokens", "gen_prompt_tokens"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if a.doc_tokens <= a.chunk + 1:
+        p.error(f"--doc-tokens={a.doc_tokens} must exceed --chunk={a.chunk} + 1 (positions after "
+                "the first chunk are the ones scored)")
+    try:
+        a.format_names = ladder.resolve(a.formats)
+        a.dataset_names = [d.strip() for d in a.datasets.split(",") if d.strip()]
+        for d in a.dataset_names:
+            if d not in data.DATASETS:
+                raise ValueError(f"--datasets: unknown dataset {d!r}; choose from {', '.join(data.DATASETS)}")
+        for name in a.format_names:
+            ladder.rq_config(ladder.flags_for(name))
+    except ValueError as exc:
+        p.error(str(exc))
+    return a
+
+
+def score_documents(url: str, docs: list[list[int]], *, top_k: int, score_from: int) -> dict:
+    """Teacher-forced log-probabilities of ``docs`` (token ids) from a running server.
+
+    Returns ``{"logprobs": [[float]], "top": [[{id: logprob}]]}`` for positions
+    ``score_from..len-1`` of every document (natural log; ``top`` holds the ``top_k`` most likely
+    next tokens predicted for each scored position).
+    """
+    r = requests.post(url + "/generate", json={
+        "input_ids": docs, "return_logprob": True, "logprob_start_len": 0,
+        "top_logprobs_num": top_k,
+        "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}, timeout=3600)
+    r.raise_for_status()
+    out = {"logprobs": [], "top": []}
+    for o in r.json():
+        m = o["meta_info"]
+        out["logprobs"].append([lp for lp, _, _ in m["input_token_logprobs"][score_from:]])
+        out["top"].append([{int(t): lp for lp, t, _ in pos} for pos in m["input_top_logprobs"][score_from:]])
+    return out
+
+
+def greedy(url: str, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """Greedy continuations (``n`` tokens each, EOS ignored) of token-id prompts, one batch."""
+    r = requests.post(url + "/generate", json={
+        "input_ids": prompts,
+        "sampling_params": {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}},
+        timeout=3600)
+    r.raise_for_status()
+    return [o["output_ids"] for o in r.json()]
+
+
+def run_format(name: str, args, docs: dict, prompts, log_dir: Path) -> dict:
+    """Serve one format, score every dataset, generate; returns the raw measurements."""
+    from sglang_rq.server_process import Server
+
+    flags = ladder.flags_for(name) + ["--model-path", args.model_path, "--chunked-prefill-size",
+                                      str(args.chunk), "--rq-no-canary",
+                                      *shlex.split(args.server_args)]
+    t0 = time.time()
+    server = Server(flags, log_dir / f"{name.replace('/', '_')}.log")
+    try:
+        raw = {ds: score_documents(server.url, d, top_k=args.top_k, score_from=args.chunk + 1)
+               for ds, d in docs.items()}
+        gen = greedy(server.url, prompts, args.gen_tokens)
+    finally:
+        server.stop()
+    print(f"[eval] {name}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    return {"scores": raw, "greedy": gen}
+
+
+def summarize(name: str, raw: dict, ref: dict, shape) -> dict:
+    """Metrics of one format against the BF16 reference measurements."""
+    from sglang_rq import layout
+
+    flags = ladder.flags_for(name)
+    cfg = ladder.rq_config(flags)
+    out = {"flags": flags, "description": ladder.FORMATS.get(name, ("", "calibrated rotation file"))[1],
+           "effective_bits": 16.0 if not cfg.enabled else layout.effective_bits(shape, cfg),
+           "bytes_per_token": (layout.bf16_bytes_per_token(shape) if not cfg.enabled
+                               else layout.kv_bytes_per_token(shape, cfg)),
+           "datasets": {}}
+    for ds, s in raw["scores"].items():
+        r = ref["scores"][ds]
+        lp = [x for doc in s["logprobs"] for x in doc]
+        lp_ref = [x for doc in r["logprobs"] for x in doc]
+        top = [x for doc in s["top"] for x in doc]
+        top_ref = [x for doc in r["top"] for x in doc]
+        ppl, ppl_ref = metrics.perplexity(lp), metrics.perplexity(lp_ref)
+        out["datasets"][ds] = {
+            "tokens": len(lp), "ppl": ppl, "delta_ppl_pct": 100.0 * (ppl / ppl_ref - 1.0),
+            "kl": statistics.fmean(metrics.topk_kl(p, q) for p, q in zip(top_ref, top)),
+            "top1": metrics.top1_agreement(top_ref, top),
+            "bf16_topk_mass": statistics.fmean(sum(2.718281828459045 ** v for v in p.values())
+                                               for p in top_ref)}
+    firsts = [metrics.first_difference(a, b) for a, b in zip(raw["greedy"], ref["greedy"])]
+    out["greedy"] = {
+        "tokens": len(raw["greedy"][0]), "first_difference": firsts,
+        "mean_first_difference": statistics.fmean(firsts),
+        "repetition_rate_4gram": statistics.fmean(metrics.repetition_rate(g) for g in raw["greedy"])}
+    return out
+
+
+def markdown(results: dict) -> str:
+    """The results table (one row per format) as Markdown."""
+    dss = results["settings"]["datasets"]
+    head = ["format", "eff. bits", "B/token"]
+    for ds in dss:
+        head += [f"{ds} PPL", f"{ds} ΔPPL %", f"{ds} KL", f"{ds} top-1"]
+    head += ["greedy first diff", "4-gram rep."]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, f in results["formats"].items():
+        cells = [f"`{name}`", f"{f['effective_bits']:.2f}", f"{f['bytes_per_token']:,}"]
+        for ds in dss:
+            d = f["datasets"][ds]
+            cells += [f"{d['ppl']:.2f}", f"{d['delta_ppl_pct']:+.2f}", f"{d['kl']:.4f}", f"{d['top1']:.3f}"]
+        g = f["greedy"]
+        cells += [f"{g['mean_first_difference']:.1f}/{g['tokens']}", f"{g['repetition_rate_4gram']:.3f}"]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def plot(results: dict, path: Path) -> None:
+    """KL and top-1 disagreement vs effective bits, one point per format (first dataset)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ds = results["settings"]["datasets"][0]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, f in results["formats"].items():
+        if name == "bf16":
+            continue
+        x = f["effective_bits"]
+        d = f["datasets"][ds]
+        for ax, y in zip(axes, (d["kl"], 1.0 - d["top1"])):
+            ax.scatter(x, y, color="C3" if name in ladder.LADDER else "C0")
+            ax.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    axes[0].set_ylabel(f"mean KL(BF16 || format), nats/token ({ds})")
+    axes[1].set_ylabel(f"top-1 disagreement with BF16 ({ds})")
+    for ax in axes:
+        ax.set_xlabel("effective bits per K/V element (metadata included)")
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"KV formats on {Path(results['settings']['model_path']).name} "
+                 "(red: ResidualQuant ladder, blue: baselines)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``sglang-rq eval``."""
+    from transformers import AutoTokenizer
+
+    from sglang_rq.cli import model_shape_from_config
+
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(args.model_path)
+    shape = model_shape_from_config(str(Path(args.model_path) / "config.json"))
+    # documents start like training documents: after <|endoftext|> when the vocabulary has it
+    eot = tok.convert_tokens_to_ids("<|endoftext|>")
+    bos = eot if isinstance(eot, int) and eot != tok.unk_token_id else tok.bos_token_id
+    docs = {ds: data.documents(ds, args.data_dir, tok, num_docs=args.docs,
+                               doc_tokens=args.doc_tokens, bos_id=bos)
+            for ds in args.dataset_names}
+    first = docs[args.dataset_names[0]]
+    prompts = [d[:args.gen_prompt_tokens] for d in (first * args.gen_prompts)[:args.gen_prompts]]
+    raw, failed = {}, {}
+    for name in args.format_names:
+        try:
+            raw[name] = run_format(name, args, docs, prompts, args.out)
+        except (RuntimeError, TimeoutError, requests.RequestException) as exc:
+            if name == "bf16":
+                raise  # the reference is needed by every comparison
+            failed[name] = str(exc)[-2000:]
+            print(f"[eval] {name} FAILED (continuing): {str(exc)[-400:]}", file=sys.stderr, flush=True)
+    results = {"settings": {"model_path": args.model_path, "datasets": args.dataset_names,
+                            "docs": args.docs, "doc_tokens": args.doc_tokens, "chunk": args.chunk,
+                            "top_k": args.top_k, "gen_prompts": len(prompts),
+                            "gen_tokens": args.gen_tokens, "server_args": args.server_args,
+                            "date": time.strftime("%Y-%m-%d")},
+               "formats": {n: summarize(n, raw[n], raw["bf16"], shape) for n in raw},
+               "failed": failed}
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    table = markdown(results)
+    (args.out / "results.md").write_text(table)
+    try:
+        plot(results, args.out / "quality.png")
+    except ImportError:
+        print("[eval] matplotlib not installed: no plot (pip install 'sglang-rq[eval]')", file=sys.stderr)
+    print(table)
+    return 1 if failed else 0

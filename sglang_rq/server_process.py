@@ -1,0 +1,84 @@
+"""Start and stop a real `sglang-rq serve` process (SGLang's HTTP server), for tests and
+``sglang-rq eval``."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+STARTUP_TIMEOUT_S = float(os.environ.get("SGLANG_RQ_TEST_STARTUP_TIMEOUT_S", "600"))  # seconds
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A server subprocess; ``url``, ``log_path``, ``log()`` and ``stop()``."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        cmd = [sys.executable, "-m", "sglang_rq.launch_server", "--port", str(self.port), *args]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True, env={**os.environ, **(env or {})})
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        deadline = time.time() + STARTUP_TIMEOUT_S
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200 and \
+                        "fired up" in self.log():
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise TimeoutError(f"server not ready in {STARTUP_TIMEOUT_S}s:\n{self.log()[-4000:]}")
+
+    def log(self) -> str:
+        return self.log_path.read_bytes().decode("utf-8", "replace")
+
+    def server_info(self) -> dict:
+        return requests.get(self.url + "/get_server_info", timeout=30).json()
+
+    def metric(self, name: str) -> float:
+        text = requests.get(self.url + "/metrics", timeout=30).text
+        m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.eE+-]+)$", text, re.M)
+        if not m:
+            raise KeyError(f"metric {name} not in /metrics")
+        return float(m.group(1))
+
+    def generate_ids(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """Greedy continuation of token-id prompts, decoded together in one batch."""
+        r = requests.post(self.url + "/generate", json={
+            "input_ids": prompts,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0,
+                                "ignore_eos": True},
+        }, timeout=600)
+        r.raise_for_status()
+        return [o["output_ids"] for o in r.json()]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self._log.close()
