@@ -94,11 +94,17 @@ def _eval(argv: list[str]) -> int:
     return run_eval(argv)
 
 
+def _calibrate(argv: list[str]) -> int:
+    from sglang_rq.quality.calibrate import main as run_calibrate
+
+    return run_calibrate(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"serve": None, "kv-size": kv_size, "eval": _eval}
+    commands = {"serve": None, "kv-size": kv_size, "eval": _eval, "calibrate": _calibrate}
     if not argv or argv[0] not in commands:
-        print("usage: sglang-rq {serve,kv-size,eval} [options]  (sglang-rq COMMAND --help)",
+        print("usage: sglang-rq {serve,kv-size,eval,calibrate} [options]  (sglang-rq COMMAND --help)",
               file=sys.stderr)
         return 2
     try:
