@@ -49,6 +49,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--gen-prompt-tokens", type=int, default=64)
     p.add_argument("--gen-tokens", type=int, default=256, help="Greedy tokens per generation.")
     p.add_argument("--server-args", default="", help="Extra server flags (one shell-quoted string).")
+    p.add_argument("--transformers-reference", action="store_true",
+                   help="Also score the documents with transformers (same checkpoint, its dtype) "
+                        "and report the BF16 server's perplexity against it.")
     p.add_argument("--out", type=Path, default=Path("eval-results"))
     a = p.parse_args(argv)
     for name in ("docs", "doc_tokens", "chunk", "top_k", "gen_tokens", "gen_prompt_tokens"):
@@ -88,6 +91,23 @@ def score_documents(url: str, docs: list[list[int]], *, top_k: int, score_from: 
         out["logprobs"].append([lp for lp, _, _ in m["input_token_logprobs"][score_from:]])
         out["top"].append([{int(t): lp for lp, t, _ in pos} for pos in m["input_top_logprobs"][score_from:]])
     return out
+
+
+def transformers_perplexity(model_path: str, docs: list[list[int]], *, score_from: int) -> float:
+    """Perplexity of ``docs`` from a plain transformers forward (checkpoint dtype, CPU, full
+    context), over positions ``score_from..len-1``: the independent reference for the server."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype="auto").eval()
+    lps: list[float] = []
+    with torch.no_grad():
+        for doc in docs:
+            ids = torch.tensor([doc])
+            logp = torch.log_softmax(model(ids).logits[0].float(), -1)  # [T, V]
+            tgt = ids[0, score_from:]
+            lps += logp[score_from - 1:-1].gather(-1, tgt[:, None])[:, 0].tolist()
+    return metrics.perplexity(lps)
 
 
 def greedy(url: str, prompts: list[list[int]], n: int) -> list[list[int]]:
@@ -233,6 +253,17 @@ def main(argv: list[str]) -> int:
                             "date": time.strftime("%Y-%m-%d")},
                "formats": {n: summarize(n, raw[n], raw["bf16"], shape) for n in raw},
                "failed": failed}
+    if args.transformers_reference:
+        ref = results["formats"]["bf16"]["datasets"]
+        results["transformers_reference"] = {}
+        for ds, d in docs.items():
+            ppl = transformers_perplexity(args.model_path, d, score_from=args.chunk + 1)
+            results["transformers_reference"][ds] = {
+                "ppl": ppl, "server_bf16_ppl": ref[ds]["ppl"],
+                "relative_difference_pct": 100.0 * (ref[ds]["ppl"] / ppl - 1.0)}
+            print(f"[eval] {ds}: transformers PPL {ppl:.3f}, server BF16 pool {ref[ds]['ppl']:.3f} "
+                  f"({results['transformers_reference'][ds]['relative_difference_pct']:+.2f}%)",
+                  file=sys.stderr)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     table = markdown(results)
     (args.out / "results.md").write_text(table)
