@@ -100,11 +100,18 @@ def _calibrate(argv: list[str]) -> int:
     return run_calibrate(argv)
 
 
+def _tasks(argv: list[str]) -> int:
+    from sglang_rq.quality.tasks import main as run_tasks
+
+    return run_tasks(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"serve": None, "kv-size": kv_size, "eval": _eval, "calibrate": _calibrate}
+    commands = {"serve": None, "kv-size": kv_size, "eval": _eval, "calibrate": _calibrate,
+                "tasks": _tasks}
     if not argv or argv[0] not in commands:
-        print("usage: sglang-rq {serve,kv-size,eval,calibrate} [options]  (sglang-rq COMMAND --help)",
+        print("usage: sglang-rq {serve,kv-size,eval,calibrate,tasks} [options]  (sglang-rq COMMAND --help)",
               file=sys.stderr)
         return 2
     try:

@@ -131,3 +131,20 @@ def test_rq_output_agrees_with_bf16(servers):
     assert agreement >= 0.8
     assert kl < 0.05
     assert all(len(ids) == 48 for ids in rq_ids + bf16_ids)
+
+
+@pytest.mark.parametrize("task", ["gsm8k", "arc_easy", "humaneval"])
+def test_task_runner_against_rq_server(servers, task, tmp_path):
+    """`sglang-rq tasks` end to end against the RQ server (accuracy of a 19M model is not asserted)."""
+    from sglang_rq.quality import tasks
+    from sglang_rq.quality.data import DEFAULT_DATA_DIR
+
+    if not (DEFAULT_DATA_DIR / task).exists():
+        pytest.skip(f"{DEFAULT_DATA_DIR / task} not found")
+    rq, _ = servers
+    out = tmp_path / f"{task}.json"
+    assert tasks.main(["--url", rq.url, "--task", task, "--limit", "2", "--max-tokens", "48",
+                       "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["summary"]["n"] == 2 and 0.0 <= report["summary"]["accuracy"] <= 1.0
+    assert all(isinstance(r["output"], str) and r["output"] for r in report["results"])
