@@ -5,6 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=$(./scripts/setup.sh)
 # promtool (checks the Prometheus rules) from Debian's package into the venv; best effort.
-./deploy/install_promtool.sh "$VENV/bin" >&2 || echo "promtool unavailable: its checks will be skipped" >&2
+./deploy/install_prometheus.sh "$VENV/bin" >&2 || echo "prometheus/promtool unavailable: their tests will be skipped" >&2
 export PATH="$VENV/bin:$PATH"
 exec "$VENV/bin/python" -m pytest -q -rs "$@" tests
