@@ -1,0 +1,248 @@
+"""An Ouro-1.4B-shaped decode step, BF16 KV cache vs ResidualQuant cache, side by side.
+
+``python benchmarks/bench_decode_step.py --out DIR [--deadline S] [--dry-run]``
+
+One decode step of a looped model with random BF16 weights (Ouro-1.4B shapes: hidden 2048,
+16 heads x 128, 24 layers run 4 loops, SwiGLU 5632, vocabulary 49152, sandwich RMSNorms; RoPE
+omitted, it costs the same on both sides): 96 attention calls per step.
+
+* BF16: per (loop, layer) a contiguous ``[B, 16, C + 1, 128]`` K/V cache, the new token written
+  in place, PyTorch SDPA (FlashAttention) decode.
+* RQ: per layer one compressed view of all 4 loops (the pool's layout, 6,336 B per token and
+  layer); loops 0-2 attend with `decode_attention_v2` over the compressed history plus the
+  in-flight token, loop 3 likewise and then `commit` quantizes the token's 4 loops into its row.
+
+Each step is captured in a CUDA graph and timed with `triton.testing.do_bench` (median).
+Reported: tokens/s = batch / step time at a fixed batch, and at the largest batch whose cache
+fits a 32 GiB budget and the whole card (free memory after weights minus a margin), each cache
+sized with `sglang_rq.layout` (the one owner of the byte counts). Writes DIR/bench_decode_step.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+if "--dry-run" in sys.argv:  # CPU smoke test: Triton interpreter, tiny sizes
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from rq_kernels.commit import commit  # noqa: E402
+from rq_kernels.decode_v2 import decode_attention_v2  # noqa: E402
+from rq_kernels.testing import make_view  # noqa: E402
+from sglang_rq.config import RQConfig  # noqa: E402
+from sglang_rq.layout import ModelKVShape, bf16_bytes_per_token, kv_bytes_per_token  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+T0 = time.time()
+GiB = 1 << 30
+
+
+class Shape:
+    def __init__(self, dry: bool) -> None:
+        if dry:
+            self.hidden, self.heads, self.dim, self.layers, self.loops = 64, 2, 32, 2, 4
+            self.inter, self.vocab = 96, 256
+        else:
+            self.hidden, self.heads, self.dim, self.layers, self.loops = 2048, 16, 128, 24, 4
+            self.inter, self.vocab = 5632, 49152
+
+    @property
+    def kv(self) -> ModelKVShape:
+        return ModelKVShape(self.layers, self.loops, self.heads, self.dim)
+
+
+def make_weights(s: Shape) -> dict:
+    """Random BF16 weights (std 0.02), one set of layers shared by all loops."""
+    g = torch.Generator(device=DEV).manual_seed(0)
+
+    def w(*shape):
+        return (torch.randn(*shape, device=DEV, generator=g) * 0.02).to(torch.bfloat16)
+
+    return dict(
+        qkv=[w(s.hidden, 3 * s.heads * s.dim) for _ in range(s.layers)],
+        o=[w(s.heads * s.dim, s.hidden) for _ in range(s.layers)],
+        gu=[w(s.hidden, 2 * s.inter) for _ in range(s.layers)],
+        down=[w(s.inter, s.hidden) for _ in range(s.layers)],
+        norms=[torch.ones(4, s.hidden, device=DEV, dtype=torch.bfloat16) for _ in range(s.layers)],
+        final=torch.ones(s.hidden, device=DEV, dtype=torch.bfloat16),
+        lm_head=w(s.hidden, s.vocab))
+
+
+def rms(x, w):
+    return F.rms_norm(x, (x.shape[-1],), w, 1e-6)
+
+
+def step(s: Shape, W: dict, x: torch.Tensor, attend) -> torch.Tensor:
+    """One decode step for ``x`` ``[B, hidden]`` bf16; ``attend(loop, layer, q, k, v)`` -> ``[B, H, D]``."""
+    b = x.shape[0]
+    for u in range(s.loops):
+        for li in range(s.layers):
+            n = W["norms"][li]
+            qkv = rms(x, n[0]) @ W["qkv"][li]
+            q, k, v = qkv.view(b, 3, s.heads, s.dim).unbind(1)
+            a = attend(u, li, q, k, v).reshape(b, s.heads * s.dim)
+            x = x + rms(a @ W["o"][li], n[1])
+            gate, up = (rms(x, n[2]) @ W["gu"][li]).chunk(2, dim=-1)
+            x = x + rms((F.silu(gate) * up) @ W["down"][li], n[3])
+        x = rms(x, W["final"])
+    return x @ W["lm_head"]
+
+
+class BF16Cache:
+    """``[B, H, C + 1, D]`` K/V per (loop, layer); the new token goes to position C."""
+
+    def __init__(self, s: Shape, b: int, ctx: int) -> None:
+        n = s.loops * s.layers
+        self.k = torch.randn(n, b, s.heads, ctx + 1, s.dim, device=DEV, dtype=torch.bfloat16)
+        self.v = torch.randn_like(self.k)
+        self.s, self.ctx = s, ctx
+
+    def __call__(self, u, li, q, k, v):
+        i = u * self.s.layers + li
+        self.k[i, :, :, self.ctx].copy_(k)
+        self.v[i, :, :, self.ctx].copy_(v)
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION] if DEV == "cuda" else [SDPBackend.MATH]):
+            o = F.scaled_dot_product_attention(q[:, :, None], self.k[i], self.v[i])
+        return o[:, :, 0]
+
+
+class RQCache:
+    """One compressed view per layer (all loops), random codes and realistic FP8 metadata."""
+
+    def __init__(self, s: Shape, b: int, ctx: int, cfg: RQConfig) -> None:
+        rows = b * ctx + b + 1
+        self.views = []
+        for _ in range(s.layers):
+            v = make_view(cfg, num_loops=s.loops, num_kv_heads=s.heads, head_dim=s.dim, rows=rows,
+                          rotation="cfg", device=DEV, fill=False)
+            for i in range(s.loops):
+                v.codes[i].random_(0, 256)
+                if v.meta[i] is not None:
+                    m = torch.empty(v.meta[i].shape, device=DEV)
+                    m[..., 0].uniform_(0.01, 0.3)
+                    m[..., 1].uniform_(-2.0, -0.1)
+                    v.meta[i].copy_(m.to(torch.float8_e4m3fn).view(torch.uint8))
+                    del m
+                if v.coef[i] is not None:
+                    v.coef[i].copy_(torch.empty(v.coef[i].shape, device=DEV).uniform_(0.7, 1.3))
+            self.views.append(v)
+        self.ind = torch.arange(b + 1, device=DEV, dtype=torch.int32) * ctx
+        self.idx = torch.arange(1, b * ctx + 1, device=DEV, dtype=torch.int64)
+        self.loc = torch.arange(b * ctx + 1, b * ctx + 1 + b, device=DEV, dtype=torch.int64)
+        self.stage_k = torch.empty(s.loops, s.layers, b, s.heads, s.dim, device=DEV, dtype=torch.bfloat16)
+        self.stage_v = torch.empty_like(self.stage_k)
+        self.out = torch.empty(b, s.heads, s.dim, device=DEV, dtype=torch.bfloat16)
+        self.s = s
+
+    def __call__(self, u, li, q, k, v):
+        self.stage_k[u, li].copy_(k)
+        self.stage_v[u, li].copy_(v)
+        o = decode_attention_v2(q, k, v, self.views[li], u, self.ind, self.idx,
+                                sm_scale=self.s.dim ** -0.5, out=torch.empty_like(self.out))
+        if u == self.s.loops - 1:
+            commit(self.stage_k[:, li], self.stage_v[:, li], self.loc, self.views[li])
+        return o
+
+
+def time_step(s, W, cache, b) -> float:
+    """Median ms of one step replayed from a CUDA graph (eager timing on CPU)."""
+    x = torch.randn(b, s.hidden, device=DEV, dtype=torch.bfloat16)
+    fn = lambda: step(s, W, x, cache)  # noqa: E731
+    fn()  # warm-up: compiles kernels, caches rotations
+    if DEV == "cpu":
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    ms = triton.testing.do_bench(g.replay, warmup=5, rep=40, return_mode="median")
+    del g
+    return ms
+
+
+def max_batch(per_token: int, ctx: int, budget: int) -> int:
+    return budget // (per_token * (ctx + 1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--deadline", type=float, default=500.0)
+    ap.add_argument("--margin-gb", type=float, default=8.0, help="GiB kept free on the full card")
+    ap.add_argument("--dry-run", action="store_true")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    s = Shape(a.dry_run)
+    cfg = RQConfig()
+    W = make_weights(s)
+    bf16_tok, rq_tok = bf16_bytes_per_token(s.kv), kv_bytes_per_token(s.kv, cfg)
+    props = torch.cuda.get_device_properties(0) if DEV == "cuda" else None
+    res = dict(gpu=props.name if props else "cpu-interpreter", torch=torch.__version__,
+               triton=triton.__version__, date=time.strftime("%Y-%m-%d"),
+               bf16_bytes_per_token=bf16_tok, rq_bytes_per_token=rq_tok, runs=[], skipped=[])
+    path = os.path.join(a.out, "bench_decode_step.json")
+
+    def run(kind, b, ctx, label):
+        if time.time() - T0 > a.deadline:
+            res["skipped"].append(f"{kind} b={b} ctx={ctx} {label}")
+            return None
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+        cache = BF16Cache(s, b, ctx) if kind == "bf16" else RQCache(s, b, ctx, cfg)
+        try:
+            ms = time_step(s, W, cache, b)
+        finally:
+            del cache
+        rec = dict(kind=kind, batch=b, ctx=ctx, label=label, step_ms=ms, tokens_per_s=b / ms * 1e3,
+                   kv_gib=(bf16_tok if kind == "bf16" else rq_tok) * b * (ctx + 1) / GiB)
+        res["runs"].append(rec)
+        print(f"{label:10s} {kind:4s} ctx={ctx:6d} b={b:3d}: step {ms:8.2f} ms, "
+              f"{rec['tokens_per_s']:9.1f} tok/s, KV {rec['kv_gib']:.1f} GiB", flush=True)
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+        return rec
+
+    ctxs = [40] if a.dry_run else [4096, 16384]
+    for ctx in ctxs:  # fixed batch 2
+        for kind in ("bf16", "rq"):
+            run(kind, 2, ctx, "fixed")
+    ctx = ctxs[-1]
+    budgets = {"32GiB": 32 * GiB}
+    if DEV == "cuda":
+        torch.cuda.empty_cache()
+        free = torch.cuda.mem_get_info()[0]
+        budgets["card"] = int(free - a.margin_gb * GiB)
+    else:
+        budgets = {"32GiB": 2 * (1 << 20), "card": 4 * (1 << 20)}
+    for label, budget in budgets.items():
+        for kind, per in (("bf16", bf16_tok), ("rq", rq_tok)):
+            b = max_batch(per, ctx, budget)
+            res[f"max_batch_{label}_{kind}"] = b
+            if b >= 1:
+                run(kind, b, ctx, label)
+    rows = {(r["kind"], r["label"], r["ctx"]): r for r in res["runs"]}
+    for key in [("fixed", c) for c in ctxs] + [(lab, ctx) for lab in budgets]:
+        bf, rq = rows.get(("bf16", *key)), rows.get(("rq", *key))
+        if bf and rq:
+            ratio = rq["tokens_per_s"] / bf["tokens_per_s"]
+            res[f"ratio_{key[0]}_{key[1]}"] = ratio
+            print(f"{key[0]:6s} ctx={key[1]}: RQ/BF16 tokens/s = {ratio:.2f}x "
+                  f"(batch {rq['batch']} vs {bf['batch']})", flush=True)
+    res["elapsed_s"] = time.time() - T0
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
