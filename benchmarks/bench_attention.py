@@ -24,8 +24,8 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import graph_ms, realistic_pool  # noqa: E402
 from rq_kernels import commit, decode_attention, extend_attention  # noqa: E402
-from rq_kernels.testing import make_view  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
 
 FAMILIES = {  # name: (num_qo_heads, num_kv_heads, head_dim)
@@ -41,17 +41,8 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def bench(fn) -> float:
-    """Median ms of ``fn`` captured in a CUDA graph (warm-up call first: compile, caches)."""
-    fn()
-    if DEV == "cpu":
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e3
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return triton.testing.do_bench(g.replay, warmup=25, rep=100, return_mode="median")
+    """Median ms of ``fn`` captured in a CUDA graph (`benchmarks.common.graph_ms`)."""
+    return graph_ms(fn)
 
 
 def copy_bandwidth() -> float:
@@ -66,18 +57,8 @@ def copy_bandwidth() -> float:
 
 def pool(cfg, hkv, dim, rows, loops=4, head_major=False):
     """A GPU pool with random (finite, realistic) codes, FP8 scale/offset and coefficients."""
-    v = make_view(cfg, num_loops=loops, num_kv_heads=hkv, head_dim=dim, rows=rows,
-                  rotation="cfg", device=DEV, fill=False, head_major=head_major)
-    for i in range(loops):
-        v.codes[i].random_(0, 256)
-        if v.meta[i] is not None:
-            m = torch.empty(v.meta[i].shape, device=DEV)
-            m[..., 0].uniform_(0.01, 0.3)
-            m[..., 1].uniform_(-2.0, -0.1)
-            v.meta[i].copy_(m.to(torch.float8_e4m3fn).view(torch.uint8))
-        if v.coef[i] is not None:
-            v.coef[i].copy_(torch.empty(v.coef[i].shape, device=DEV).uniform_(0.7, 1.3))
-    return v
+    return realistic_pool(cfg, num_loops=loops, num_kv_heads=hkv, head_dim=dim, rows=rows,
+                          device=DEV, head_major=head_major)
 
 
 def loop_bytes(view, loop_id) -> int:

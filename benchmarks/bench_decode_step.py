@@ -35,9 +35,9 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import graph_ms, realistic_pool  # noqa: E402
 from rq_kernels.commit import commit  # noqa: E402
 from rq_kernels.decode_v2 import decode_attention_v2  # noqa: E402
-from rq_kernels.testing import make_view  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
 from sglang_rq.layout import ModelKVShape, bf16_bytes_per_token, kv_bytes_per_token  # noqa: E402
 
@@ -120,21 +120,8 @@ class RQCache:
 
     def __init__(self, s: Shape, b: int, ctx: int, cfg: RQConfig) -> None:
         rows = b * ctx + b + 1
-        self.views = []
-        for _ in range(s.layers):
-            v = make_view(cfg, num_loops=s.loops, num_kv_heads=s.heads, head_dim=s.dim, rows=rows,
-                          rotation="cfg", device=DEV, fill=False)
-            for i in range(s.loops):
-                v.codes[i].random_(0, 256)
-                if v.meta[i] is not None:
-                    m = torch.empty(v.meta[i].shape, device=DEV)
-                    m[..., 0].uniform_(0.01, 0.3)
-                    m[..., 1].uniform_(-2.0, -0.1)
-                    v.meta[i].copy_(m.to(torch.float8_e4m3fn).view(torch.uint8))
-                    del m
-                if v.coef[i] is not None:
-                    v.coef[i].copy_(torch.empty(v.coef[i].shape, device=DEV).uniform_(0.7, 1.3))
-            self.views.append(v)
+        self.views = [realistic_pool(cfg, num_loops=s.loops, num_kv_heads=s.heads, head_dim=s.dim,
+                                     rows=rows, device=DEV) for _ in range(s.layers)]
         self.ind = torch.arange(b + 1, device=DEV, dtype=torch.int32) * ctx
         self.idx = torch.arange(1, b * ctx + 1, device=DEV, dtype=torch.int64)
         self.loc = torch.arange(b * ctx + 1, b * ctx + 1 + b, device=DEV, dtype=torch.int64)
@@ -156,19 +143,7 @@ class RQCache:
 def time_step(s, W, cache, b) -> float:
     """Median ms of one step replayed from a CUDA graph (eager timing on CPU)."""
     x = torch.randn(b, s.hidden, device=DEV, dtype=torch.bfloat16)
-    fn = lambda: step(s, W, x, cache)  # noqa: E731
-    fn()  # warm-up: compiles kernels, caches rotations
-    if DEV == "cpu":
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e3
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    ms = triton.testing.do_bench(g.replay, warmup=5, rep=40, return_mode="median")
-    del g
-    return ms
+    return graph_ms(lambda: step(s, W, x, cache), warmup=5, rep=40)
 
 
 def max_batch(per_token: int, ctx: int, budget: int) -> int:

@@ -26,9 +26,10 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import graph_ms, realistic_pool  # noqa: E402
 from rq_kernels.decode import decode_attention  # noqa: E402
 from rq_kernels.decode_v2 import decode_attention_v2  # noqa: E402
-from rq_kernels.testing import attention_errors, make_view, within_policy  # noqa: E402
+from rq_kernels.testing import attention_errors, within_policy  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
 from sglang_rq.layout import ModelKVShape, decode_read_bytes_per_token  # noqa: E402
 from sglang_rq.reference import decode_attention_reference, dequantize_rows_reference  # noqa: E402
@@ -38,17 +39,8 @@ T0 = time.time()
 
 
 def bench(fn) -> float:
-    """Median ms of ``fn`` replayed from a CUDA graph (one warm-up call first)."""
-    fn()
-    if DEV == "cpu":
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e3
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return triton.testing.do_bench(g.replay, warmup=25, rep=100, return_mode="median")
+    """Median ms of ``fn`` replayed from a CUDA graph (`benchmarks.common.graph_ms`)."""
+    return graph_ms(fn)
 
 
 def copy_bandwidth() -> float:
@@ -63,18 +55,7 @@ def copy_bandwidth() -> float:
 
 def pool(cfg, hkv, dim, rows, loops=4):
     """A pool with random codes, realistic FP8 scale/offset and coefficients (not zeros)."""
-    v = make_view(cfg, num_loops=loops, num_kv_heads=hkv, head_dim=dim, rows=rows,
-                  rotation="cfg", device=DEV, fill=False)
-    for i in range(loops):
-        v.codes[i].random_(0, 256)
-        if v.meta[i] is not None:
-            m = torch.empty(v.meta[i].shape, device=DEV)
-            m[..., 0].uniform_(0.01, 0.3)
-            m[..., 1].uniform_(-2.0, -0.1)
-            v.meta[i].copy_(m.to(torch.float8_e4m3fn).view(torch.uint8))
-        if v.coef[i] is not None:
-            v.coef[i].copy_(torch.empty(v.coef[i].shape, device=DEV).uniform_(0.7, 1.3))
-    return v
+    return realistic_pool(cfg, num_loops=loops, num_kv_heads=hkv, head_dim=dim, rows=rows, device=DEV)
 
 
 def inputs(view, hq, hkv, dim, b, ctx, seed=0):

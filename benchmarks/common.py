@@ -1,0 +1,44 @@
+"""Shared by the benchmark scripts: CUDA-graph timing and a realistic random compressed pool."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import triton
+
+from rq_kernels.testing import make_view
+
+
+def graph_ms(fn, *, warmup: int = 25, rep: int = 100) -> float:
+    """Median ms of ``fn`` replayed from a CUDA graph (after one eager warm-up call that compiles
+    kernels and fills caches); on CPU one eager timed call."""
+    fn()
+    if not torch.cuda.is_available():
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return triton.testing.do_bench(g.replay, warmup=warmup, rep=rep, return_mode="median")
+
+
+def realistic_pool(cfg, *, num_loops: int, num_kv_heads: int, head_dim: int, rows: int,
+                   device, head_major: bool = False):
+    """A `CompressedLayerView` with random codes, FP8 scales in [0.01, 0.3], offsets in
+    [-2, -0.1] and coefficients in [0.7, 1.3] (finite, realistic; not zeros)."""
+    v = make_view(cfg, num_loops=num_loops, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                  rows=rows, rotation="cfg", device=device, fill=False, head_major=head_major)
+    for i in range(num_loops):
+        v.codes[i].random_(0, 256)
+        if v.meta[i] is not None:
+            m = torch.empty(v.meta[i].shape, device=device)
+            m[..., 0].uniform_(0.01, 0.3)
+            m[..., 1].uniform_(-2.0, -0.1)
+            v.meta[i].copy_(m.to(torch.float8_e4m3fn).view(torch.uint8))
+            del m
+        if v.coef[i] is not None:
+            v.coef[i].copy_(torch.empty(v.coef[i].shape, device=device).uniform_(0.7, 1.3))
+    return v
