@@ -68,5 +68,7 @@ RQ_CANARY = EnvVar("SGLANG_RQ_CANARY", _bool, True,
                    "run the readiness canary in the HTTP server process (/rq/ready)")
 RQ_CANARY_FILE = EnvVar("SGLANG_RQ_CANARY_FILE", str, "",
                         "canary spec JSON (default: <model-path>/canary.json, else generation-only)")
+RQ_DATA_DIR = EnvVar("SGLANG_RQ_DATA_DIR", str, "",
+                     "evaluation/calibration data directory (default: ../shared/data beside the checkout)")
 PROMETHEUS_MULTIPROC_DIR = EnvVar("PROMETHEUS_MULTIPROC_DIR", str, "",
                                   "set by SGLang --enable-metrics; sglang-rq metrics are off without it")

@@ -1,6 +1,7 @@
 """Held-out evaluation text for ``sglang-rq eval``, tokenized with the served model's tokenizer.
 
-Datasets (files under ``--data-dir``, default ``../shared/data`` beside the checkout):
+Datasets (files under ``--data-dir``, default ``$SGLANG_RQ_DATA_DIR`` or ``../shared/data``
+beside the checkout):
 
 * ``pride``: Jane Austen, *Pride and Prejudice* (held out of the embedded model's training mix;
   see ``training/README.md``), LF line endings, from the first chapter heading.
@@ -12,8 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sglang_rq import env
+
 DATASETS = ("pride", "wikitext2")
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[3] / "shared" / "data"
+DEFAULT_DATA_DIR = Path(env.RQ_DATA_DIR.get() or Path(__file__).resolve().parents[3] / "shared" / "data")
 
 
 def load_text(name: str, data_dir: Path) -> str:
