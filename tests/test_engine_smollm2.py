@@ -57,7 +57,7 @@ def test_bf16_pool_perplexity_matches_transformers(checkpoint, docs, tmp_path):
     assert abs(ppl / ref - 1) < 0.01
 
 
-def test_rq_pool_answers_chat_questions(checkpoint, docs, tmp_path):
+def test_rq_pool_answers_chat_questions(checkpoint, tmp_path):
     server = _serve(checkpoint, tmp_path, "rq", [])
     try:
         answers = {}
@@ -67,12 +67,10 @@ def test_rq_pool_answers_chat_questions(checkpoint, docs, tmp_path):
                 "messages": [{"role": "user", "content": q}]}, timeout=600)
             r.raise_for_status()
             answers[q] = r.json()["choices"][0]["message"]["content"]
-        got = harness.score_documents(server.url, docs, top_k=1, score_from=CHUNK + 1)
         info = requests.get(server.url + "/get_server_info", timeout=30).json()
     finally:
         server.stop()
-    print(f"RQ pool answers: {answers}; WikiText-2 PPL "
-          f"{metrics.perplexity([x for d in got['logprobs'] for x in d]):.3f}")
+    print(f"RQ pool answers: {answers}")
     assert "Paris" in answers["What is the capital of France?"]
     assert any(w in answers["How many legs does a dog have?"].lower() for w in ("four", "4"))
     assert str(info.get("attention_backend")).startswith("rq_")  # the ResidualQuant path served it
