@@ -102,14 +102,12 @@ def test_rq_pool_admits_more_concurrent_requests(servers):
 
 def test_rq_output_agrees_with_bf16(servers):
     """Most next-token predictions agree (teacher-forced top-1, the quality harness's metric)."""
-    from transformers import AutoTokenizer
-
     from sglang_rq.quality import data, harness, metrics
 
     rq, bf16 = servers
     if not (data.DEFAULT_DATA_DIR / "literature").exists():
         pytest.skip(f"held-out text not found under {data.DEFAULT_DATA_DIR}")
-    tok = AutoTokenizer.from_pretrained(str(EMBEDDED_MODEL))
+    tok = data.load_tokenizer(str(EMBEDDED_MODEL))
     docs = data.documents("pride", data.DEFAULT_DATA_DIR, tok, num_docs=3, doc_tokens=400, bos_id=0)
     # positions after the first 128-token prefill chunk: their context is the compressed cache
     ref = harness.score_documents(bf16.url, docs, top_k=20, score_from=129)

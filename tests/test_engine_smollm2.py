@@ -31,11 +31,9 @@ def checkpoint():
 
 @pytest.fixture(scope="module")
 def docs(checkpoint):
-    from transformers import AutoTokenizer
-
     if not (data.DEFAULT_DATA_DIR / "wikitext2").exists():
         pytest.skip(f"WikiText-2 not found under {data.DEFAULT_DATA_DIR}")
-    tok = AutoTokenizer.from_pretrained(str(checkpoint))
+    tok = data.load_tokenizer(str(checkpoint))
     return data.documents("wikitext2", data.DEFAULT_DATA_DIR, tok, num_docs=2, doc_tokens=256, bos_id=0)
 
 

@@ -187,15 +187,14 @@ def main(argv: list[str]) -> int:
     import dataclasses
 
     from safetensors.torch import save_file
-    from transformers import AutoTokenizer
-
     from sglang_rq.models.ouro_reference import OuroReferenceModel
+    from sglang_rq.quality import data
     from sglang_rq.rotation import build_rotation
 
     args = parse_args(argv)
     cfg = RQConfig.from_args(args)
     torch.manual_seed(args.seed)
-    tok = AutoTokenizer.from_pretrained(args.model_path)
+    tok = data.load_tokenizer(args.model_path)
     model = OuroReferenceModel.from_pretrained(args.model_path).eval()
     fit = capture_kv(model, calibration_windows(args.data_dir, tok, count=args.windows,
                                                 tokens=args.window_tokens, offset=0))

@@ -19,6 +19,17 @@ DATASETS = ("pride", "wikitext2")
 DEFAULT_DATA_DIR = Path(env.RQ_DATA_DIR.get() or Path(__file__).resolve().parents[3] / "shared" / "data")
 
 
+def load_tokenizer(model_path: str | Path):
+    """The model's Hugging Face tokenizer; Ouro's config class is registered first, so
+    transformers recognises ``model_type: ouro`` checkpoints."""
+    from transformers import AutoTokenizer
+
+    from sglang_rq.models.ouro_config import register_ouro_config
+
+    register_ouro_config()
+    return AutoTokenizer.from_pretrained(str(model_path))
+
+
 def load_text(name: str, data_dir: Path) -> str:
     """Raw text of a dataset.
 

@@ -221,13 +221,11 @@ def plot(results: dict, path: Path) -> None:
 
 def main(argv: list[str]) -> int:
     """Entry point of ``sglang-rq eval``."""
-    from transformers import AutoTokenizer
-
     from sglang_rq.cli import model_shape_from_config
 
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    tok = AutoTokenizer.from_pretrained(args.model_path)
+    tok = data.load_tokenizer(args.model_path)
     shape = model_shape_from_config(str(Path(args.model_path) / "config.json"))
     # documents start like training documents: after <|endoftext|> when the vocabulary has it
     eot = tok.convert_tokens_to_ids("<|endoftext|>")
