@@ -15,8 +15,9 @@ for _ in $(seq 600); do
   if ! kill -0 "$PID" 2>/dev/null; then echo "server exited:"; tail -30 "$LOG"; exit 1; fi
   sleep 1
 done
+DATA_DIR=${SGLANG_RQ_DATA_DIR:-../shared/data}
 QUESTION=$("$VENV/bin/python" -c "
-import json; print(json.loads(open('../shared/data/gsm8k/test.jsonl').readline())['question'])" 2>/dev/null \
+import json, sys; print(json.loads(open(sys.argv[1] + '/gsm8k/test.jsonl').readline())['question'])" "$DATA_DIR" 2>/dev/null \
   || echo "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?")
 BODY=$("$VENV/bin/python" -c "import json,sys; print(json.dumps({'model': 'default', 'temperature': 0, 'max_tokens': 128,
   'messages': [{'role': 'user', 'content': sys.argv[1]}]}))" "$QUESTION")
