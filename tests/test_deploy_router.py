@@ -32,6 +32,30 @@ DATA = Path(__file__).resolve().parent / "data"
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 
 
+def _wait_http(proc: subprocess.Popen, url: str, log_path: Path, *, timeout_s: float,
+               poll_s: float) -> None:
+    """Poll ``url`` until it answers 200; fail if ``proc`` exits or ``timeout_s`` passes."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        assert proc.poll() is None, log_path.read_text()[-3000:]
+        try:
+            if requests.get(url, timeout=5).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(poll_s)
+    raise TimeoutError(f"{url} not ready in {timeout_s}s:\n{log_path.read_text()[-3000:]}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     ckpt = make_checkpoint(tmp_path_factory.mktemp("ouro-router"))
@@ -49,30 +73,16 @@ def cluster(tmp_path_factory):
              "--worker-urls", *[w.url for w in workers], "--policy", "cache_aware",
              "--health-check-endpoint", "/rq/ready", "--health-check-interval-secs", "5",
              "--health-success-threshold", "1", "--worker-startup-timeout-secs", "600",
-             "--worker-startup-check-interval", "2", 
+             "--worker-startup-check-interval", "2",
              "--retry-max-retries", "4", "--retry-initial-backoff-ms", "100",
              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 600
-        while time.time() < deadline:
-            assert router.poll() is None, (logs / "router.log").read_text()[-3000:]
-            try:
-                if requests.get(url + "/v1/models", timeout=5).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(2)
-        else:
-            raise TimeoutError((logs / "router.log").read_text()[-3000:])
+        _wait_http(router, url + "/v1/models", logs / "router.log", timeout_s=600, poll_s=2)
         yield ckpt, workers, url, f"http://127.0.0.1:{metrics_port}"
     finally:
         if router is not None:
-            os.killpg(router.pid, signal.SIGTERM)
-            try:
-                router.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(router.pid, signal.SIGKILL)
+            _stop(router)
         if log is not None:
             log.close()
         for w in workers:
@@ -109,15 +119,6 @@ def test_router_metrics(cluster):
         (DATA / "router_metrics_capture.txt").write_text(text)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
 @pytest.fixture(scope="module")
 def prometheus(cluster, tmp_path_factory):
     """A Prometheus server scraping both workers and the router every second."""
@@ -141,15 +142,7 @@ def prometheus(cluster, tmp_path_factory):
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            assert proc.poll() is None, (d / "prometheus.log").read_text()[-3000:]
-            try:
-                if requests.get(url + "/-/ready", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(0.5)
+        _wait_http(proc, url + "/-/ready", d / "prometheus.log", timeout_s=60, poll_s=0.5)
         yield url
     finally:
         _stop(proc)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import statistics
 import sys
@@ -161,7 +162,7 @@ def summarize(name: str, raw: dict, ref: dict, shape) -> dict:
             "tokens": len(lp), "ppl": ppl, "delta_ppl_pct": 100.0 * (ppl / ppl_ref - 1.0),
             "kl": statistics.fmean(metrics.topk_kl(p, q) for p, q in zip(top_ref, top)),
             "top1": metrics.top1_agreement(top_ref, top),
-            "bf16_topk_mass": statistics.fmean(sum(2.718281828459045 ** v for v in p.values())
+            "bf16_topk_mass": statistics.fmean(sum(math.exp(v) for v in p.values())
                                                for p in top_ref)}
     firsts = [metrics.first_difference(a, b) for a, b in zip(raw["greedy"], ref["greedy"])]
     out["greedy"] = {
