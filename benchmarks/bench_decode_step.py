@@ -118,10 +118,11 @@ class BF16Cache:
 class RQCache:
     """One compressed view per layer (all loops), random codes and realistic FP8 metadata."""
 
-    def __init__(self, s: Shape, b: int, ctx: int, cfg: RQConfig) -> None:
+    def __init__(self, s: Shape, b: int, ctx: int, cfg: RQConfig, head_major: bool = False) -> None:
         rows = b * ctx + b + 1
         self.views = [realistic_pool(cfg, num_loops=s.loops, num_kv_heads=s.heads, head_dim=s.dim,
-                                     rows=rows, device=DEV) for _ in range(s.layers)]
+                                     rows=rows, device=DEV, head_major=head_major)
+                      for _ in range(s.layers)]
         self.ind = torch.arange(b + 1, device=DEV, dtype=torch.int32) * ctx
         self.idx = torch.arange(1, b * ctx + 1, device=DEV, dtype=torch.int64)
         self.loc = torch.arange(b * ctx + 1, b * ctx + 1 + b, device=DEV, dtype=torch.int64)
@@ -156,6 +157,8 @@ def main() -> None:
     ap.add_argument("--deadline", type=float, default=500.0)
     ap.add_argument("--margin-gb", type=float, default=8.0, help="GiB kept free on the full card")
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--head-major", action="store_true",
+                    help="RQ pool stored head-major (benchmarks/bench_pool_layout.py)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     s = Shape(a.dry_run)
@@ -165,7 +168,8 @@ def main() -> None:
     props = torch.cuda.get_device_properties(0) if DEV == "cuda" else None
     res = dict(gpu=props.name if props else "cpu-interpreter", torch=torch.__version__,
                triton=triton.__version__, date=time.strftime("%Y-%m-%d"),
-               bf16_bytes_per_token=bf16_tok, rq_bytes_per_token=rq_tok, runs=[], skipped=[])
+               bf16_bytes_per_token=bf16_tok, rq_bytes_per_token=rq_tok, head_major=a.head_major,
+               runs=[], skipped=[])
     path = os.path.join(a.out, "bench_decode_step.json")
 
     def run(kind, b, ctx, label):
@@ -174,7 +178,8 @@ def main() -> None:
             return None
         if DEV == "cuda":
             torch.cuda.empty_cache()
-        cache = BF16Cache(s, b, ctx) if kind == "bf16" else RQCache(s, b, ctx, cfg)
+        cache = (BF16Cache(s, b, ctx) if kind == "bf16"
+                 else RQCache(s, b, ctx, cfg, head_major=a.head_major))
         try:
             ms = time_step(s, W, cache, b)
         finally:

@@ -28,6 +28,12 @@ if TYPE_CHECKING:
 class RQNativeAttnBackend(TorchNativeAttnBackend):
     """Attention backend ``rq_native``: correct everywhere, fast nowhere (the CPU path)."""
 
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        """SGLang's plan, plus the committed-tokens counter: every token of this forward is
+        committed to the pool by the end of its last loop (a host shape, no device sync)."""
+        super().init_forward_metadata(forward_batch)
+        metrics.count_committed(int(forward_batch.out_cache_loc.shape[0]))
+
     def forward_extend(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch,
                        save_kv_cache: bool = True, **kwargs):
         return self._forward(q, k, v, layer, forward_batch, save_kv_cache,

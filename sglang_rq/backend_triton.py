@@ -1,15 +1,23 @@
 """Attention backend ``rq_triton``: the fused Triton kernels over the ResidualQuant pool.
 
-Plan once per forward (`init_forward_metadata`): ``qo_indptr``, ``kv_indptr`` and
-``kv_indices`` (every request's compressed history/prefix rows, the in-flight tokens excluded)
-are built from SGLang's ``req_to_token`` table and reused by every (loop, layer) call, as
-FlashInfer's plan/run split does. Each call then stages or commits the forward's K/V
+Plan once per forward: ``qo_indptr``, ``kv_indptr`` and ``kv_indices`` (every request's
+compressed history/prefix rows, the in-flight tokens excluded) are built from SGLang's
+``req_to_token`` table by `sglang_rq.kv_plan.plan_history` and reused by every (loop, layer)
+call, as FlashInfer's plan/run split does. Each call then stages or commits the forward's K/V
 (`RQTokenToKVPool.save`, the commit kernel on the last loop) and runs
-`rq_kernels.decode_attention` or `rq_kernels.extend_attention`.
+`rq_kernels.decode_attention_v2` (MHA), `rq_kernels.decode_attention` (GQA) or
+`rq_kernels.extend_attention`.
 
-Note
-----
-No CUDA-graph capture path yet: the launcher serves ``rq_triton`` with ``--disable-cuda-graph``.
+CUDA graphs (decode), SGLang 0.5.23's contract (`AttentionBackend` docstring):
+``init_cuda_graph_state`` allocates static ``kv_indptr``/``kv_indices`` for the largest batch and
+context; ``init_forward_metadata_in_graph`` records the plan into them (static shapes, no host
+sync); ``init_forward_metadata_out_graph`` points the per-layer calls at them. Padded rows have
+``seq_len`` 1 (`get_cuda_graph_seq_len_fill_value`), so they read no history, and SGLang gives
+them ``out_cache_loc`` 0, the reserved padding slot, so their commit never touches a real
+request's rows. The split count is a function of the static buffer sizes, so it is fixed per
+captured batch size. Capture is opt-in (``sglang-rq serve --rq-cuda-graph``): the path is
+verified at the kernel level on an H200 (tests/kernels/test_cuda_graph_step.py), not yet inside
+SGLang's graph runner on a GPU.
 On CPU the kernels run only under ``TRITON_INTERPRET=1`` (used by the wiring test).
 """
 
@@ -20,7 +28,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sglang_rq import metrics
 from sglang_rq.backend_native import RQNativeAttnBackend
+from sglang_rq.kv_plan import kv_indices_capacity, plan_history
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -29,7 +39,8 @@ if TYPE_CHECKING:
 @dataclass
 class RQForwardMetadata:
     """Per-forward index arrays: ``qo_indptr``/``kv_indptr`` ``[batch_size + 1]`` int32,
-    ``kv_indices`` ``[nnz]`` int64 (history rows), ``max_qo_len`` host int."""
+    ``kv_indices`` ``[>= nnz + 1]`` int64 (history rows, `plan_history`), ``max_qo_len`` host
+    int."""
 
     qo_indptr: torch.Tensor
     kv_indptr: torch.Tensor
@@ -41,30 +52,89 @@ class RQForwardMetadata:
         assert self.qo_indptr.device == dev and self.kv_indptr.device == dev, "metadata on two devices"
 
 
+@dataclass
+class RQGraphBuffers:
+    """Static plan buffers shared by every captured decode batch size: ``qo_indptr``
+    ``[max_bs + 1]`` int32 (0..max_bs, one query per request), ``kv_indptr`` ``[max_bs + 1]``
+    int32, ``kv_indices`` ``[kv_indices_capacity(max_bs, width)]`` int64."""
+
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+
+
 class RQTritonAttnBackend(RQNativeAttnBackend):
     """Fused-kernel attention over the compressed pool (decode and extend)."""
 
+    rq_graph: RQGraphBuffers | None = None
+
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        """Eager plan: buffers sized by this forward's host-known history length."""
         super().init_forward_metadata(forward_batch)
         if forward_batch.forward_mode.is_decode_or_idle():
             hist = forward_batch.seq_lens.to(torch.int64) - 1
             qo = torch.ones_like(hist)
             max_qo = 1
+            nnz = int(forward_batch.seq_lens_sum) - forward_batch.batch_size
         else:
             hist = forward_batch.extend_prefix_lens.to(torch.int64)
             qo = forward_batch.extend_seq_lens.to(torch.int64)
             max_qo = max(forward_batch.extend_seq_lens_cpu, default=1)
+            nnz = sum(forward_batch.extend_prefix_lens_cpu)
         dev = hist.device
-        zero = torch.zeros(1, dtype=torch.int64, device=dev)
-        kv_indptr = torch.cat([zero, torch.cumsum(hist, 0)])
-        rows = self.req_to_token_pool.req_to_token[forward_batch.req_pool_indices.to(torch.int64)]
-        width = rows.shape[1]
-        mask = torch.arange(width, device=dev).unsqueeze(0) < hist.unsqueeze(1)  # [bs, width]
-        self.rq_metadata = RQForwardMetadata(
-            qo_indptr=torch.cat([zero, torch.cumsum(qo, 0)]).to(torch.int32),
-            kv_indptr=kv_indptr.to(torch.int32),
-            kv_indices=rows[mask].to(torch.int64),
-            max_qo_len=int(max_qo))
+        bs = hist.shape[0]
+        kv_indptr = torch.empty(bs + 1, dtype=torch.int32, device=dev)
+        kv_indices = torch.empty(nnz + 1, dtype=torch.int64, device=dev)
+        plan_history(self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices, hist,
+                     kv_indptr, kv_indices)
+        qo_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
+        qo_indptr[1:] = torch.cumsum(qo, 0)
+        self.rq_metadata = RQForwardMetadata(qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+                                             kv_indices=kv_indices, max_qo_len=int(max_qo))
+
+    # ------------------------------------------------------------------ CUDA graphs (decode)
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        """Allocate the static plan buffers (`RQGraphBuffers`) for decode graphs up to
+        ``max_bs`` requests of up to ``req_to_token.shape[1]`` tokens."""
+        table = self.req_to_token_pool.req_to_token
+        dev = table.device
+        self.rq_graph = RQGraphBuffers(
+            qo_indptr=torch.arange(max_bs + 1, dtype=torch.int32, device=dev),
+            kv_indptr=torch.zeros(max_bs + 1, dtype=torch.int32, device=dev),
+            kv_indices=torch.zeros(kv_indices_capacity(max_bs, table.shape[1]), dtype=torch.int64,
+                                   device=dev))
+
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
+        """Padded decode rows get ``seq_len`` 1: no history, only their (discarded) own token."""
+        return 1
+
+    def init_forward_metadata_out_graph(self, forward_batch: ForwardBatch,
+                                        in_capture: bool = False) -> None:
+        """Host side of a captured decode: point the layer calls at the static buffers; on a
+        replay, count the committed tokens (the pool's host counter does not run in replay).
+
+        Raises
+        ------
+        RuntimeError
+            For a forward mode other than decode (only decode graphs are supported).
+        """
+        if not forward_batch.forward_mode.is_decode_or_idle():
+            raise RuntimeError(f"rq_triton captures decode CUDA graphs only, got "
+                               f"{forward_batch.forward_mode}; run with --disable-cuda-graph")
+        g = self.rq_graph
+        assert g is not None, "init_cuda_graph_state was not called"
+        bs = forward_batch.batch_size
+        self.rq_metadata = RQForwardMetadata(qo_indptr=g.qo_indptr[:bs + 1],
+                                             kv_indptr=g.kv_indptr[:bs + 1],
+                                             kv_indices=g.kv_indices, max_qo_len=1)
+        if not in_capture:
+            metrics.count_committed(bs)
+
+    def init_forward_metadata_in_graph(self, forward_batch: ForwardBatch) -> None:
+        """Graph-recorded part: the decode plan into the static buffers (`plan_history`)."""
+        g = self.rq_graph
+        plan_history(self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
+                     forward_batch.seq_lens.to(torch.int64) - 1, g.kv_indptr, g.kv_indices)
 
     def _forward(self, q, k, v, layer, forward_batch, save_kv_cache, *, prefix_lens, extend_lens):
         from rq_kernels.decode import decode_attention

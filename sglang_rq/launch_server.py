@@ -46,6 +46,9 @@ def add_serving_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rq-canary-interval-s", type=float, default=0.0,
                    help="Seconds between canary runs (default 30).")
     g.add_argument("--rq-no-canary", action="store_true", help="No /rq/ready canary thread.")
+    g.add_argument("--rq-cuda-graph", action="store_true",
+                   help="Let SGLang capture decode CUDA graphs with the rq_triton backend (off by "
+                        "default: verified at the kernel level only, see docs/kernels.md).")
 
 
 def _has_flag(argv: list[str], flag: str) -> bool:
@@ -78,8 +81,9 @@ def prepare_environment(argv: list[str]) -> list[str]:
     cuda = has_cuda()
     if cfg.enabled and not _has_flag(rest, "--attention-backend"):
         rest += ["--attention-backend", "rq_triton" if cuda else "rq_native"]
-    if "rq_triton" in rest and not _has_flag(rest, "--disable-cuda-graph"):
-        rest += ["--disable-cuda-graph"]  # NOTE: rq_triton has no CUDA-graph capture path yet
+    if ("rq_triton" in rest and not ours.rq_cuda_graph
+            and not _has_flag(rest, "--disable-cuda-graph")):
+        rest += ["--disable-cuda-graph"]  # NOTE: opt in with --rq-cuda-graph (backend_triton.py)
     if not cuda:
         os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
         # NOTE: the reference codec is many small ops; with >1 intra-op thread on a busy machine

@@ -174,10 +174,11 @@ class RQTokenToKVPool(MHATokenToKVPool):
             commit(k_loops, v_loops, loc, view)
         else:
             commit_reference(k_loops, v_loops, loc, view)
-        if layer == self.rq_shape.num_layers - 1 and grp == len(self.group_views[layer]) - 1:
-            metrics.count_committed(n)  # NOTE: host int; not counted under CUDA-graph replay
-            if loc.is_cuda and not self.rq_use_kernels:
-                metrics.count_fallback("commit")
+        if (layer == self.rq_shape.num_layers - 1 and grp == len(self.group_views[layer]) - 1
+                and loc.is_cuda and not self.rq_use_kernels):
+            metrics.count_fallback("commit")
+        # NOTE: committed tokens are counted by the backends' per-forward hooks, which also run
+        # on CUDA-graph replays (this body does not).
 
     # ------------------------------------------------------------------ read path
     def dequantize(self, loop: int, layer: int, slots: torch.Tensor
