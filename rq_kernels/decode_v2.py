@@ -88,20 +88,29 @@ def decode_attention_v2(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tenso
                         out: torch.Tensor | None = None, num_splits: int | None = None,
                         block_n: int | None = None, num_warps: int = 4, num_stages: int = 2,
                         ctas_per_sm: int | None = None, frame_split: bool | None = None,
-                        prefetch: bool = True, maxnreg: int | None = -1) -> torch.Tensor:
+                        prefetch: bool = True, maxnreg: int | None = -1,
+                        k_idp: bool | None = None) -> torch.Tensor:
     """Decode attention of loop ``loop_id`` over the compressed history plus the in-flight
     token (v2 kernel). The arguments, result and fallback rules are those of
     `rq_kernels.decode.decode_attention`.
 
-    Extra knobs: ``block_n`` is the tokens per tile (default 32 for 4+ groups per head, else
-    64). ``num_warps`` and ``num_stages`` are the launch config. ``ctas_per_sm`` is the
-    split heuristic's target (`choose_num_splits_v2`). ``frame_split`` makes one thread own
-    16 elements of a (token, group) instead of all G. It defaults to on for GQA, where it keeps
-    the per-head accumulator copies in registers. ``prefetch`` issues the next tile's loads
-    before the current tile's arithmetic (a register double buffer). ``maxnreg`` caps the
-    registers per thread (-1: 128 for MHA, none for GQA). Without a cap, Triton 3.6 gives the MHA
-    kernel 166 registers (3 resident programs per SM). With 128 (sm_90 AOT) it does not spill and
-    4 fit.
+    Extra knobs:
+
+    - ``k_idp``: K logits by integer ``dp4a`` dots of the codes with a 16-bit fixed-point query
+      (two int8 halves per group, error <= 1/(127*512) of the group's largest ``|q'|``). Default
+      on for MHA without frame split (the only layout it supports) on loops with a residual;
+      off gives the exact-fp32 FFMA dots.
+    - ``block_n``: tokens per tile (default 64 with ``k_idp``, two rows per thread; else 32 for
+      4+ groups per head, else 64).
+    - ``num_warps``, ``num_stages``: the launch config.
+    - ``ctas_per_sm``: the split heuristic's target (`choose_num_splits_v2`).
+    - ``frame_split``: one thread owns 16 elements of a (token, group) instead of all G. Default
+      on for GQA, where it keeps the per-head accumulator copies in registers.
+    - ``prefetch``: issue the next tile's loads before the current tile's arithmetic (a
+      register double buffer).
+    - ``maxnreg``: register cap per thread (-1: 128 for the MHA FFMA path, where Triton 3.6
+      would otherwise take 166 and fit 3 programs per SM instead of 4; none otherwise: the
+      ``k_idp`` default takes 255 without spills and fits 2).
 
     Two launches: the split kernel ``(num_kv_heads, batch_size, num_splits)`` and v1's merge
     kernel ``(num_kv_heads, cdiv(batch_size * group, 16))``. A ``[batch_size, num_qo_heads,
@@ -138,16 +147,22 @@ def decode_attention_v2(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tenso
     ngp = dp // g
     if frame_split is None:
         frame_split = gqp > 1
+    if k_idp is None:  # the anchor-only loop is as fast or faster with FFMA dots (H200 sweep)
+        k_idp = gqp == 1 and not frame_split and r_bits > 0
+    assert not k_idp or (gqp == 1 and not frame_split), "k_idp needs MHA without frame_split"
+    # Defaults from the H200 sweeps (docs/kernels.md): integer K dots run best with two rows
+    # per thread (64-token tiles, uncapped 255 registers, 2 programs/SM); the FFMA path with
+    # one row per thread capped at 128 registers (4 programs/SM).
     if block_n is None:
-        block_n = 32 if ngp * (g // 16 if frame_split else 1) >= 4 else 64
+        block_n = 64 if k_idp else (32 if ngp * (g // 16 if frame_split else 1) >= 4 else 64)
     interp = interpreting(rq_decode_v2_split_kernel)
     if maxnreg == -1:
-        maxnreg = 128 if gqp == 1 and num_warps == 4 else None
+        maxnreg = 128 if gqp == 1 and num_warps == 4 and not k_idp else None
     launch = dict(num_warps=num_warps, num_stages=num_stages)
     if maxnreg and not interp:
         launch["maxnreg"] = maxnreg
-    if ctas_per_sm is None:  # resident programs per SM (AOT sm_90: 128 regs MHA, 255 GQA)
-        ctas_per_sm = (4 if gqp == 1 else 2) * 4 // num_warps
+    if ctas_per_sm is None:  # resident programs per SM (AOT sm_90: 128 regs MHA FFMA, else 255)
+        ctas_per_sm = (4 if gqp == 1 and not k_idp else 2) * 4 // num_warps
     splits = num_splits or choose_num_splits_v2(B, HKV, kv_indices.numel(), dev,
                                                 block_n=block_n, ctas_per_sm=ctas_per_sm)
     terms, alpha, nterms = rotation_terms(view.rotation, dp, dev)
@@ -165,7 +180,7 @@ def decode_attention_v2(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tenso
         cf, *cf_st, *rot, mid_o, mid_ml, qk_scale, splits, HQ, 0x3F800000,
         GQ=gq, GQP=gqp, D=D, DP=dp, G=g, NG=D // g, NGP=ngp, A_BITS=a_bits, R_BITS=r_bits,
         HAS_COEF=has_coef, HAS_ROT=has_rot, TERMS=nterms, BLOCK_N=block_n, FSPLIT=frame_split,
-        PREFETCH=prefetch, IDX64=idx64,
+        PREFETCH=prefetch, IDX64=idx64, K_IDP=k_idp,
         INTERP=interp, **launch)
     block_m = 16
     rq_decode_merge_kernel[(HKV, cdiv(B * gq, block_m))](

@@ -201,6 +201,69 @@ def _heads(x, GQP: tl.constexpr):
 
 
 @triton.jit
+def _dp4a(a, b, c, INTERP: tl.constexpr):
+    """``c + sum_i a.u8[i] * b.s8[i]`` elementwise on int32 (PTX ``dp4a.u32.s32``: one IDP
+    instruction for four multiply-adds). The interpreter path computes the same integers."""
+    if INTERP:
+        s = c
+        for i in tl.static_range(4):
+            s += ((a >> (8 * i)) & 0xFF) * ((b << (24 - 8 * i)) >> 24)
+        return s
+    else:
+        return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _pack_query(qi, BITS: tl.constexpr, NGP: tl.constexpr, G: tl.constexpr):
+    """``[NGP, G]`` int32 values in [-127, 127] -> ``[NGP, WPG, KX]`` int32 words of 4 signed
+    bytes, in the order `_idp_chain` extracts codes: word ``(j, k)`` byte ``b`` holds element
+    ``j * 32/BITS + b * 8/BITS + k`` (``WPG = G * BITS / 32`` code words per group,
+    ``KX = 8 / BITS`` extractions per word)."""
+    WPG: tl.constexpr = G * BITS // 32
+    KX: tl.constexpr = 8 // BITS
+    x = tl.reshape(qi, [NGP, WPG, 4, KX])
+    sh = tl.arange(0, 4) * 8
+    return tl.sum((x & 0xFF) << sh[None, None, :, None], axis=2)  # disjoint bytes: sum == or
+
+
+@triton.jit
+def _idp_chain(w, q, acc, SH: tl.constexpr, BITS: tl.constexpr, INTERP: tl.constexpr):
+    """``acc + dp4a(code bytes of extraction SH/BITS of w, q)``; one shift and one AND per four
+    codes (the byte lane ``b`` of extraction ``k`` holds code ``b * 8/BITS + k`` of the word)."""
+    if BITS == 8:
+        c = w
+    else:
+        MASKB: tl.constexpr = ((1 << BITS) - 1) * 0x01010101
+        c = (w >> SH) & MASKB
+    return _dp4a(c, q, acc, INTERP)
+
+
+@triton.jit
+def _kdot_idp(w, q, BITS: tl.constexpr, INTERP: tl.constexpr):
+    """Per-group integer dot of ``[BLOCK_N, NGP, WPG]`` code words with one packed query half
+    ``[NGP, WPG, KX]`` (`_pack_query`): ``sum_e code_e * q_e`` as ``[BLOCK_N, NGP]`` int32, exact.
+    The extractions are chained through dp4a's accumulator; the words of a group are summed in
+    the thread."""
+    zero = tl.zeros(w.shape, tl.int32)
+    if BITS == 8:
+        acc = _idp_chain(w, tl.reshape(q, [q.shape[0], q.shape[1]])[None], zero, 0, BITS, INTERP)
+    elif BITS == 4:
+        q0, q1 = tl.split(q)
+        acc = _idp_chain(w, q0[None], zero, 0, BITS, INTERP)
+        acc = _idp_chain(w, q1[None], acc, 4, BITS, INTERP)
+    else:
+        qe, qo = tl.split(tl.reshape(q, [q.shape[0], q.shape[1], 2, 2]))  # k = 2 k1 + k0
+        q0, q2 = tl.split(qe)
+        q1, q3 = tl.split(qo)
+        acc = _idp_chain(w, q0[None], zero, 0, BITS, INTERP)
+        acc = _idp_chain(w, q1[None], acc, 2, BITS, INTERP)
+        acc = _idp_chain(w, q2[None], acc, 4, BITS, INTERP)
+        acc = _idp_chain(w, q3[None], acc, 6, BITS, INTERP)
+    return tl.sum(acc, axis=2)
+
+
+@triton.jit
 def rq_decode_v2_split_kernel(
     Q, s_qb, s_qh,  # [B, Hq, D] bf16
     KvIndptr, KvIndices,  # [B+1] int32, [nnz] int64
@@ -216,7 +279,7 @@ def rq_decode_v2_split_kernel(
     NG: tl.constexpr, NGP: tl.constexpr, A_BITS: tl.constexpr, R_BITS: tl.constexpr,
     HAS_COEF: tl.constexpr, HAS_ROT: tl.constexpr, TERMS: tl.constexpr,
     BLOCK_N: tl.constexpr, FSPLIT: tl.constexpr, PREFETCH: tl.constexpr, IDX64: tl.constexpr,
-    INTERP: tl.constexpr,
+    K_IDP: tl.constexpr, INTERP: tl.constexpr,
 ):
     QROWS: tl.constexpr = 16 if GQP < 16 else GQP
     NEG: tl.constexpr = -1.0e30  # finite "minus infinity": keeps empty rows NaN-free
@@ -245,6 +308,17 @@ def rq_decode_v2_split_kernel(
     if GQP == 1:
         qg = tl.reshape(qt, [NGP, G])
         qsum = tl.sum(qg, axis=1)  # [NGP]
+        if K_IDP:  # q' ~= sq * (qhi + qlo / 256) per group, |error| <= sq / 512 (16-bit q')
+            sq = tl.maximum(tl.max(tl.abs(qg), axis=1), 1e-30) / 127.0  # [NGP]
+            qhi = tl.floor(qg / sq[:, None] + 0.5)
+            qlo = tl.floor((qg - qhi * sq[:, None]) * (256.0 / sq[:, None]) + 0.5)
+            qlo = tl.minimum(tl.maximum(qlo, -127.0), 127.0)
+            qa_hi = _pack_query(qhi.to(tl.int32), A_BITS, NGP, G)
+            qa_lo = _pack_query(qlo.to(tl.int32), A_BITS, NGP, G)
+            if R_BITS > 0:
+                qr_hi = _pack_query(qhi.to(tl.int32), R_BITS, NGP, G)
+                qr_lo = _pack_query(qlo.to(tl.int32), R_BITS, NGP, G)
+            sq_lo = sq * (1.0 / 256.0)
     else:
         qg = tl.reshape(qt, [NGP, G, GQP])
         qsum = tl.sum(qg, axis=1)  # [NGP, GQP]
@@ -284,23 +358,33 @@ def rq_decode_v2_split_kernel(
                 s_rc_r, s_rc_kv, Rmh, s_rm_r, s_rm_kv, Cfh, s_cf_r, s_cf_kv, NG, G, NGP, A_BITS,
                 R_BITS, HAS_COEF, BLOCK_N, FSPLIT, IDX64)
         # ---- K: per-group dots X[n, g(, h)] = sum_e code * q'
-        ka = _decode_words(kaw, magic, A_BITS, G, NGP, BLOCK_N, FSPLIT)
+        if not K_IDP:
+            ka = _decode_words(kaw, magic, A_BITS, G, NGP, BLOCK_N, FSPLIT)
         sk, ok = _meta_values(kam)
         if HAS_COEF:
             ck = ckw.to(tl.float32)
             sk = sk * ck[:, None]
             ok = ok * ck[:, None]
-        if GQP == 1:
+        if K_IDP:
+            xh = _kdot_idp(kaw, qa_hi, A_BITS, INTERP)
+            xl = _kdot_idp(kaw, qa_lo, A_BITS, INTERP)
+            lg2 = (xh.to(tl.float32) * sq[None, :] + xl.to(tl.float32) * sq_lo[None, :]) * sk
+        elif GQP == 1:
             lg2 = tl.sum(ka * qg[None, :, :], axis=2) * sk  # [BLOCK_N, NGP]
         else:
             logit3 = tl.sum(_heads(ka, GQP) * qg[None, :, :, :], axis=2) * sk[:, :, None]
         if R_BITS > 0:
-            kr = _decode_words(krw, magic, R_BITS, G, NGP, BLOCK_N, FSPLIT)
             skr, okr = _meta_values(krm)
             ok += okr
-            if GQP == 1:
+            if K_IDP:
+                xh = _kdot_idp(krw, qr_hi, R_BITS, INTERP)
+                xl = _kdot_idp(krw, qr_lo, R_BITS, INTERP)
+                lg2 += (xh.to(tl.float32) * sq[None, :] + xl.to(tl.float32) * sq_lo[None, :]) * skr
+            elif GQP == 1:
+                kr = _decode_words(krw, magic, R_BITS, G, NGP, BLOCK_N, FSPLIT)
                 lg2 += tl.sum(kr * qg[None, :, :], axis=2) * skr
             else:
+                kr = _decode_words(krw, magic, R_BITS, G, NGP, BLOCK_N, FSPLIT)
                 logit3 += tl.sum(_heads(kr, GQP) * qg[None, :, :, :], axis=2) * skr[:, :, None]
         if GQP == 1:
             logit = tl.sum(lg2 + ok * qsum[None, :], axis=1)  # one reduction over groups

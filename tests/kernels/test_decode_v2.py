@@ -97,6 +97,25 @@ def test_decode_v2_prefetch(group, device):
          num_splits=2, prefetch=True)
 
 
+@pytest.mark.parametrize("cfg,dim", [(RQConfig(), 128), (RQConfig(group_size=16), 64),
+                                     (RQConfig(anchor_bits=8, residual_bits=4), 96)],
+                         ids=["a4r2_g32", "a4r2_g16", "a8r4_d96"])
+def test_decode_v2_integer_k_dots_vs_float_path(cfg, dim, device):
+    """K logits by dp4a against the 16-bit fixed-point query vs the exact-fp32 FFMA path: both
+    within the policy, and within one bf16 ulp of max|out| (both outputs are rounded to bf16)
+    plus 1e-3 of it of each other (the query's rounding error is at most 1/(127*512) of a
+    group's largest |q'| element, far below bf16's 2^-9)."""
+    view, ind, idx, _ = build(cfg, loops=4, num_kv_heads=2, group=1, dim=dim, lens=[45, 3],
+                              rot="cfg", device=device, seed=23)
+    q, kc, vc = queries(2, 2, 2, dim, device=device, seed=23, scale=3.0)
+    for loop in (0, 3):
+        a = decode_attention_v2(q, kc, vc, view, loop, ind, idx, sm_scale=dim ** -0.5, k_idp=True)
+        b = decode_attention_v2(q, kc, vc, view, loop, ind, idx, sm_scale=dim ** -0.5, k_idp=False)
+        top = b.float().abs().max().item()
+        assert (a.float() - b.float()).abs().max().item() <= (2 ** -7 + 1e-3) * top
+    _run(cfg, 4, 2, 1, dim, [45, 3], "cfg", (0, 3), device, seed=23, k_idp=True)
+
+
 def test_decode_v2_head_major_pool(device):
     _run(RQConfig(), 4, 2, 1, 64, [17, 1], "cfg", (0,), device, seed=14, head_major=True)
 
