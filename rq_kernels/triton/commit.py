@@ -10,19 +10,47 @@ LSQ coefficient, residual, quantization and packing. Operation order follows
 import triton
 import triton.language as tl
 
-from rq_kernels.triton.common import f32_to_fp8_bits, fp8_round, rotate_rows, to_bf16
+from rq_kernels.triton.common import f32_to_fp8_bits, fp8_round, mma, rotate_rows, to_bf16
+
+
+@triton.jit
+def _fma(x, y, z, INTERP: tl.constexpr):
+    """Fused ``x*y + z`` in fp32. NOTE: the interpreter's ``tl.fma`` rounds the product first;
+    there it is emulated in fp64 (the product of two fp32 values is exact in fp64)."""
+    if INTERP:
+        return (x.to(tl.float64) * y.to(tl.float64) + z.to(tl.float64)).to(tl.float32)
+    else:
+        return tl.fma(x, y, z)
+
+
+@triton.jit
+def _div_rn_by(a, b, rcp, INTERP: tl.constexpr = False):
+    """``a / b`` correctly rounded (= ``tl.div_rn(a, b)``) from ``rcp = tl.div_rn(1, b)``, for
+    normal ``b`` and finite ``a / b``: ``q = a*rcp`` is within 1 ulp, ``e = a - b*q`` is exact by
+    FMA, and ``q + e*rcp`` rounds to the correctly rounded quotient (Markstein, IBM J. Res. Dev.
+    34(1), 1990, Theorem 1; Muller et al., Handbook of Floating-Point Arithmetic, 2nd ed., sec.
+    4.7). Three FP instructions per element instead of IEEE division's ~10 plus a slow-path
+    check."""
+    q = a * rcp
+    return _fma(_fma(-q, b, a, INTERP), rcp, q, INTERP)
 
 
 @triton.jit
 def _quantize(x, LEVELS: tl.constexpr, BLOCK_T: tl.constexpr, NGP: tl.constexpr,
-              G: tl.constexpr):
+              G: tl.constexpr, FAST_DIV: tl.constexpr, INTERP: tl.constexpr):
     """``x [BLOCK_T, NGP*G]`` fp32 -> codes (fp32, integer valued) ``[BLOCK_T, NGP*G]``, scale
-    and offset ``[BLOCK_T, NGP]`` (FP8-exact), as `reference.quantize_groups`."""
+    and offset ``[BLOCK_T, NGP]`` (FP8-exact), as `reference.quantize_groups`. ``FAST_DIV``
+    divides by the scale through its reciprocal (`_div_rn_by`, same results)."""
     x3 = tl.reshape(x, [BLOCK_T, NGP, G])
     off = fp8_round(tl.min(x3, axis=2), DOWN=True)
     scale = fp8_round(tl.div_rn(tl.max(x3, axis=2) - off, LEVELS * 1.0), DOWN=False)
     safe = tl.where(scale > 0, scale, 1.0)
-    q = tl.floor(tl.div_rn(x3 - off[:, :, None], safe[:, :, None]) + 0.5)
+    if FAST_DIV:
+        rcp = tl.div_rn(tl.full(safe.shape, 1.0, tl.float32), safe)
+        q = tl.floor(_div_rn_by(x3 - off[:, :, None], safe[:, :, None], rcp[:, :, None],
+                                 INTERP) + 0.5)
+    else:
+        q = tl.floor(tl.div_rn(x3 - off[:, :, None], safe[:, :, None]) + 0.5)
     q = tl.minimum(tl.maximum(q, 0.0), LEVELS * 1.0)
     q = tl.where(scale[:, :, None] > 0, q, 0.0)
     return tl.reshape(q, [BLOCK_T, NGP * G]), scale, off
@@ -69,12 +97,16 @@ def _store_loop(q, scale, off, loc, t_mask, codes, s_code, meta, s_meta, BITS: t
 
 @triton.jit
 def _load_loop(X, loop, s_loop, s_tok, s_head, head, tok, t_mask, rot, s_rterm, s_rrow, alpha,
-               D: tl.constexpr, DP: tl.constexpr, HAS_ROT: tl.constexpr, TERMS: tl.constexpr,
-               INTERP: tl.constexpr):
+               rmat, D: tl.constexpr, DP: tl.constexpr, HAS_ROT: tl.constexpr,
+               TERMS: tl.constexpr, HOIST_R: tl.constexpr, INTERP: tl.constexpr):
+    """Loop ``loop``'s ``[BLOCK_T, DP]`` rows, rotated (fp32). With HOIST_R the single bf16
+    rotation term ``rmat`` was loaded once per program; otherwise the terms are read here."""
     d = tl.arange(0, DP)
     ptr = X + loop * s_loop + tok[:, None] * s_tok + head * s_head + d[None, :]
     x = tl.load(ptr, mask=t_mask[:, None] & (d[None, :] < D), other=0.0)
-    if HAS_ROT:
+    if HAS_ROT and HOIST_R:
+        return mma(to_bf16(x, INTERP), rmat, INTERP) * alpha
+    elif HAS_ROT:
         return rotate_rows(x, rot, s_rterm, s_rrow, TERMS, False, False, DP, INTERP) * alpha
     else:
         return x.to(tl.float32)
@@ -82,14 +114,15 @@ def _load_loop(X, loop, s_loop, s_tok, s_head, head, tok, t_mask, rot, s_rterm, 
 
 @triton.jit
 def _commit_anchor(X, Codes, SCodes, Meta, SMeta, kv, head, loc, tok, t_mask, s_loop, s_tok,
-                   s_head, rot, s_rterm, s_rrow, alpha, A: tl.constexpr, BITS: tl.constexpr,
+                   s_head, rot, s_rterm, s_rrow, alpha, rmat, A: tl.constexpr, BITS: tl.constexpr,
                    HAS_ROT: tl.constexpr, TERMS: tl.constexpr, D: tl.constexpr,
                    DP: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr,
-                   BLOCK_T: tl.constexpr, INTERP: tl.constexpr):
+                   BLOCK_T: tl.constexpr, FAST_DIV: tl.constexpr, HOIST_R: tl.constexpr,
+                   INTERP: tl.constexpr):
     """Quantize and store anchor loop ``A``; returns the dequantized anchor ``[BLOCK_T, DP]``."""
     xa = _load_loop(X, A, s_loop, s_tok, s_head, head, tok, t_mask, rot, s_rterm, s_rrow, alpha,
-                    D, DP, HAS_ROT, TERMS, INTERP)
-    qa, sa, oa = _quantize(xa, (1 << BITS[A]) - 1, BLOCK_T, NGP, G)
+                    rmat, D, DP, HAS_ROT, TERMS, HOIST_R, INTERP)
+    qa, sa, oa = _quantize(xa, (1 << BITS[A]) - 1, BLOCK_T, NGP, G, FAST_DIV, INTERP)
     _store_loop(qa, sa, oa, loc, t_mask,
                 Codes[A] + kv * SCodes[3 * A + 1] + head * SCodes[3 * A + 2], SCodes[3 * A],
                 Meta[A] + kv * SMeta[3 * A + 1] + head * SMeta[3 * A + 2], SMeta[3 * A],
@@ -99,14 +132,15 @@ def _commit_anchor(X, Codes, SCodes, Meta, SMeta, kv, head, loc, tok, t_mask, s_
 
 @triton.jit
 def _commit_residual(X, Codes, SCodes, Meta, SMeta, Coef, SCoef, kv, head, loc, tok, t_mask,
-                     s_loop, s_tok, s_head, rot, s_rterm, s_rrow, alpha, ahat, den,
+                     s_loop, s_tok, s_head, rot, s_rterm, s_rrow, alpha, rmat, ahat, den,
                      I: tl.constexpr, BITS: tl.constexpr, LSQ: tl.constexpr,
                      HAS_ROT: tl.constexpr, TERMS: tl.constexpr, D: tl.constexpr,
                      DP: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr,
-                     BLOCK_T: tl.constexpr, INTERP: tl.constexpr):
+                     BLOCK_T: tl.constexpr, FAST_DIV: tl.constexpr, HOIST_R: tl.constexpr,
+                     INTERP: tl.constexpr):
     """LSQ coefficient, residual against ``ahat``, quantize and store loop ``I``."""
     xi = _load_loop(X, I, s_loop, s_tok, s_head, head, tok, t_mask, rot, s_rterm, s_rrow, alpha,
-                    D, DP, HAS_ROT, TERMS, INTERP)
+                    rmat, D, DP, HAS_ROT, TERMS, HOIST_R, INTERP)
     if LSQ:
         c = to_bf16(tl.div_rn(tl.sum(xi * ahat, axis=1), den), INTERP)
         cptr = Coef[I] + kv * SCoef[3 * I + 1] + head * SCoef[3 * I + 2]
@@ -115,7 +149,8 @@ def _commit_residual(X, Codes, SCodes, Meta, SMeta, Coef, SCoef, kv, head, loc, 
     else:
         r = xi - ahat
     if BITS[I] > 0:
-        qr, sr, orr = _quantize(r, (1 << BITS[I]) - 1, BLOCK_T, NGP, G)
+        qr, sr, orr = _quantize(r, (1 << BITS[I]) - 1, BLOCK_T, NGP, G, FAST_DIV,
+                                 INTERP)
         _store_loop(qr, sr, orr, loc, t_mask,
                     Codes[I] + kv * SCodes[3 * I + 1] + head * SCodes[3 * I + 2], SCodes[3 * I],
                     Meta[I] + kv * SMeta[3 * I + 1] + head * SMeta[3 * I + 2], SMeta[3 * I],
@@ -131,7 +166,7 @@ def rq_commit_kernel(
     NUM_LOOPS: tl.constexpr, GROUP_LEN: tl.constexpr, ANCHOR_POS: tl.constexpr,
     BITS: tl.constexpr, LSQ: tl.constexpr, HAS_ROT: tl.constexpr, TERMS: tl.constexpr,
     D: tl.constexpr, DP: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr,
-    BLOCK_T: tl.constexpr, INTERP: tl.constexpr,
+    BLOCK_T: tl.constexpr, FAST_DIV: tl.constexpr, HOIST_R: tl.constexpr, INTERP: tl.constexpr,
 ):
     pid_t = tl.program_id(0)
     head = tl.program_id(1)
@@ -140,18 +175,24 @@ def rq_commit_kernel(
     t_mask = tok < num_tokens
     loc = tl.load(Loc + tok, mask=t_mask, other=0)
     rot = Rot + head * s_rhead
+    if HAS_ROT and HOIST_R:  # one bf16 term (Hadamard): load it once for all loops
+        i = tl.arange(0, DP)
+        rmat = tl.load(rot + i[:, None] * s_rrow + i[None, :])
+    else:
+        rmat = tl.zeros([1], tl.bfloat16)
     if kv == 0:
         X = K
     else:
         X = V
     for g0 in tl.static_range(0, NUM_LOOPS, GROUP_LEN):
         ahat = _commit_anchor(X, Codes, SCodes, Meta, SMeta, kv, head, loc, tok, t_mask, s_loop,
-                              s_tok, s_head, rot, s_rterm, s_rrow, alpha, g0 + ANCHOR_POS, BITS,
-                              HAS_ROT, TERMS, D, DP, G, NG, NGP, BLOCK_T, INTERP)
+                              s_tok, s_head, rot, s_rterm, s_rrow, alpha, rmat, g0 + ANCHOR_POS,
+                              BITS, HAS_ROT, TERMS, D, DP, G, NG, NGP, BLOCK_T, FAST_DIV, HOIST_R,
+                              INTERP)
         den = tl.maximum(tl.sum(ahat * ahat, axis=1), 1e-12)
         for j in tl.static_range(GROUP_LEN):
             if j != ANCHOR_POS:
                 _commit_residual(X, Codes, SCodes, Meta, SMeta, Coef, SCoef, kv, head, loc, tok,
                                  t_mask, s_loop, s_tok, s_head, rot, s_rterm, s_rrow, alpha,
-                                 ahat, den, g0 + j, BITS, LSQ, HAS_ROT, TERMS, D, DP, G, NG,
-                                 NGP, BLOCK_T, INTERP)
+                                 rmat, ahat, den, g0 + j, BITS, LSQ, HAS_ROT, TERMS, D, DP, G,
+                                 NG, NGP, BLOCK_T, FAST_DIV, HOIST_R, INTERP)

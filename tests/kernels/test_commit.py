@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from rq_kernels import commit, unsupported_reason
+from rq_kernels.triton.commit import _div_rn_by
 from rq_kernels.testing import loop_kv, make_view, random_orthogonal
 from sglang_rq.config import RQConfig
 from sglang_rq.reference import commit_reference, dequantize_rows_reference
@@ -82,6 +85,18 @@ def test_commit_matches_reference(name, dim, loops, heads, tokens, cfg, rot, dev
     commit(k, v, loc, ours)
     commit_reference(k, v, loc, ref)
     _compare(ours, ref, exact=True)
+
+
+@pytest.mark.parametrize("kw", [dict(hoist_rotation=True), dict(fast_div=False),
+                                dict(block_t=64, num_warps=8, hoist_rotation=True)],
+                         ids=["hoisted_rotation", "ieee_division", "block64_w8"])
+def test_commit_variants_match_reference(kw, device):
+    """Launch variants give the reference's bytes (interpreter: exactly; GPU: the policy)."""
+    tokens = 4099 if device == "cuda" else 37
+    (ours, ref), loc, k, v = _pools(RQConfig(), 4, 2, 128, tokens, "cfg", device, seed=4)
+    commit(k, v, loc, ours, **kw)
+    commit_reference(k, v, loc, ref)
+    _compare(ours, ref, exact=device != "cuda")
 
 
 @pytest.mark.gpu
@@ -163,3 +178,34 @@ def test_kernels_really_run(device):
 
     assert on_kernel_device(rq_commit_kernel, torch.zeros(1, device=device))
     assert interpreting(rq_commit_kernel) == (device == "cpu")
+
+
+
+@triton.jit
+def _fast_div_kernel(A, B, Q, N, BLOCK: tl.constexpr, INTERP: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < N
+    a = tl.load(A + i, mask=m, other=0.0)
+    b = tl.load(B + i, mask=m, other=1.0)
+    rcp = tl.div_rn(tl.full([BLOCK], 1.0, tl.float32), b)
+    tl.store(Q + i, _div_rn_by(a, b, rcp, INTERP), mask=m)
+
+
+def test_fast_division_is_correctly_rounded(device):
+    """`_div_rn_by` (reciprocal + FMA correction) gives IEEE division's quotient bit for bit on
+    the commit kernel's operands: ``x - offset`` over FP8-representable scales, random and at
+    exact quarter multiples (rounding ties of the code) and their neighbours."""
+    gen = torch.Generator().manual_seed(3)
+    n = (1 << 20) if device == "cuda" else 4099
+    grid = torch.arange(1, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()  # >0 e4m3
+    b = grid[torch.randint(0, grid.numel(), (n,), generator=gen)]
+    a = torch.rand(n, generator=gen) * b * 15.5  # codes 0..15 plus rounding margin
+    a[:64] = b[:64] * torch.arange(64).float() / 4
+    a[64:128] = torch.nextafter(a[:64], torch.tensor(1e9))
+    a, b = a.to(device), b.to(device)
+    q = torch.empty_like(a)
+    _fast_div_kernel[(triton.cdiv(n, 1024),)](a, b, q, n, BLOCK=1024, INTERP=device != "cuda",
+                                              enable_fp_fusion=False)
+    want = a / b  # IEEE correctly rounded division
+    bad = (q != want).sum().item()
+    assert bad == 0, f"{bad} of {n} quotients differ from IEEE division"

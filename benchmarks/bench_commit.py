@@ -1,0 +1,85 @@
+"""Commit kernel variants vs the layer's BF16 prefill, side by side (one run).
+
+``python benchmarks/bench_commit.py --out DIR [--dry-run]``
+
+For each model shape: the commit of ``tokens`` new tokens (all loops, one layer) under each
+variant of `rq_kernels.commit.commit` (``VARIANTS``), and BF16 prefill of the same layer: one
+causal SDPA per loop and, for Ouro-1.4B, the layer's GEMMs per loop (QKV, O, gate/up, down). The
+issue's target is commit <= 10 % of prefill: ``commit / (loops x (SDPA + GEMMs))``.
+CUDA-graph replay, `do_bench` median. Writes ``DIR/bench_commit.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+if "--dry-run" in sys.argv:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.bench_attention import DEV, FAMILIES, bench, pool, sdpa_time  # noqa: E402
+from rq_kernels.commit import commit  # noqa: E402
+from sglang_rq.config import RQConfig  # noqa: E402
+
+VARIANTS = {  # the previous default, then knobs (H200 round 1: 572 -> 242 us for Ouro at 4k)
+    "div_rn_bt32_w4": dict(fast_div=False, hoist_rotation=False, block_t=32, num_warps=4),
+    "fast_bt32_w4": dict(hoist_rotation=False, block_t=32, num_warps=4),
+    "fast_hoist_bt32_w4": dict(block_t=32, num_warps=4),
+    "fast_bt64_w8": dict(hoist_rotation=False),
+    "default": {},
+    "bt128_w8": dict(block_t=128, num_warps=8),
+    "bt64_w16": dict(block_t=64, num_warps=16),
+    "bt128_w16": dict(block_t=128, num_warps=16),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--dry-run", action="store_true")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    tokens = 40 if a.dry_run else a.tokens
+    res = dict(gpu=torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu",
+               date=time.strftime("%Y-%m-%d"), tokens=tokens, variants=VARIANTS, rows=[])
+    for fam, (hq, hkv, dim) in FAMILIES.items():
+        view = pool(RQConfig(), hkv, dim, tokens + 2)
+        loops = len(view.segments)
+        k = torch.randn(loops, tokens, hkv, dim, device=DEV, dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        loc = torch.arange(tokens, device=DEV) + 1
+        q = torch.randn(1, hq, tokens, dim, device=DEV, dtype=torch.bfloat16)
+        kk = torch.randn(1, hkv, tokens, dim, device=DEV, dtype=torch.bfloat16)
+        row = dict(family=fam, sdpa_causal_ms=sdpa_time(q, kk, kk, causal=True)[0])
+        prefill = loops * row["sdpa_causal_ms"]
+        if fam == "ouro-1.4b":
+            x = torch.randn(tokens, 2048, device=DEV, dtype=torch.bfloat16)
+            ws = [torch.randn(2048, n, device=DEV, dtype=torch.bfloat16) for n in (6144, 2048, 11264)]
+            wd = torch.randn(5632, 2048, device=DEV, dtype=torch.bfloat16)
+            h = torch.randn(tokens, 5632, device=DEV, dtype=torch.bfloat16)
+            row["gemms_ms"] = bench(lambda: [x @ w for w in ws] + [h @ wd])  # noqa: B023
+            prefill = loops * (row["sdpa_causal_ms"] + row["gemms_ms"])
+        row["prefill_ms"] = prefill
+        for name, kw in VARIANTS.items():
+            ms = bench(lambda: commit(k, v, loc, view, **kw))  # noqa: B023
+            row[name] = dict(commit_ms=ms, over_prefill=ms / prefill)
+        res["rows"].append(row)
+        print(f"{fam:12s} prefill {prefill * 1e3:8.1f}us | " + " | ".join(
+            f"{n} {row[n]['commit_ms'] * 1e3:7.1f}us ({row[n]['over_prefill'] * 100:.1f}%)"
+            for n in VARIANTS), flush=True)
+        with open(os.path.join(a.out, "bench_commit.json"), "w") as f:
+            json.dump(res, f, indent=1)
+        del view
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
