@@ -158,4 +158,7 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
         else:
             out = extend_attention(q3, k3, v3, view, pos, md.qo_indptr, md.kv_indptr, md.kv_indices,
                                    sm_scale=layer.scaling, max_qo_len=md.max_qo_len)
+        last = phys == pool.rq_shape.num_layers - 1 and loop == pool.rq_shape.num_loops - 1
+        if last and not (out.is_cuda and torch.cuda.is_current_stream_capturing()):
+            metrics.count_nonfinite(out)  # one host sync per eager forward; not in CUDA graphs
         return out.reshape(q.shape[0], hq * d)
