@@ -27,6 +27,11 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 WORKER_FLAGS=("$@")
+# smg routes by model id: serve every worker as "default" (what the docs' requests name) unless
+# the worker flags choose a name.
+if [[ " ${WORKER_FLAGS[*]-} " != *" --served-model-name"* ]]; then
+  WORKER_FLAGS=(--served-model-name default "${WORKER_FLAGS[@]}")
+fi
 mkdir -p "$LOG_DIR"
 PIDS=()
 cleanup() {
