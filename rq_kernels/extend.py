@@ -23,7 +23,7 @@ def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
                      view: CompressedLayerView, loop_id: int, qo_indptr: torch.Tensor,
                      kv_indptr: torch.Tensor, kv_indices: torch.Tensor, *, sm_scale: float,
                      out: torch.Tensor | None = None, max_qo_len: int | None = None,
-                     block_m: int = 64, block_n: int = 64, num_warps: int = 4,
+                     block_m: int = 128, block_n: int = 64, num_warps: int = 8,
                      num_stages: int = 2) -> torch.Tensor:
     """Extend attention of loop ``loop_id``: each request's compressed prefix, then its chunk.
 
