@@ -11,8 +11,6 @@ CUDA-graph replay, `do_bench` median. Writes ``DIR/bench_commit.json``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -24,6 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_attention import DEV, FAMILIES, bench, pool, sdpa_time  # noqa: E402
+from benchmarks.common import bench_args, write_json  # noqa: E402
 from rq_kernels.commit import commit  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
 
@@ -40,12 +39,7 @@ VARIANTS = {  # the previous default, then knobs (H200 round 1: 572 -> 242 us fo
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=".")
-    ap.add_argument("--tokens", type=int, default=4096)
-    ap.add_argument("--dry-run", action="store_true")
-    a = ap.parse_args()
-    os.makedirs(a.out, exist_ok=True)
+    a = bench_args(lambda ap: ap.add_argument("--tokens", type=int, default=4096))
     tokens = 40 if a.dry_run else a.tokens
     res = dict(gpu=torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu",
                date=time.strftime("%Y-%m-%d"), tokens=tokens, variants=VARIANTS, rows=[])
@@ -74,8 +68,7 @@ def main() -> None:
         print(f"{fam:12s} prefill {prefill * 1e3:8.1f}us | " + " | ".join(
             f"{n} {row[n]['commit_ms'] * 1e3:7.1f}us ({row[n]['over_prefill'] * 100:.1f}%)"
             for n in VARIANTS), flush=True)
-        with open(os.path.join(a.out, "bench_commit.json"), "w") as f:
-            json.dump(res, f, indent=1)
+        write_json(res, a.out, "bench_commit.json")
         del view
         if DEV == "cuda":
             torch.cuda.empty_cache()

@@ -12,8 +12,6 @@ the same work as ours split in two. CUDA-graph replay, `do_bench` median. Writes
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -25,6 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_attention import DEV, FAMILIES, bench, pool, sdpa_time  # noqa: E402
+from benchmarks.common import bench_args, write_json  # noqa: E402
 from rq_kernels.extend import extend_attention  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
 
@@ -38,11 +37,7 @@ VARIANTS = {  # (block_m, block_n, num_warps, num_stages)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=".")
-    ap.add_argument("--dry-run", action="store_true")
-    a = ap.parse_args()
-    os.makedirs(a.out, exist_ok=True)
+    a = bench_args()
     shapes = [(4096, 4096), (16384, 2048)] if not a.dry_run else [(40, 24)]
     res = dict(gpu=torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu",
                date=time.strftime("%Y-%m-%d"), variants=VARIANTS, rows=[])
@@ -73,8 +68,7 @@ def main() -> None:
             print(f"{fam:12s} prefix {prefix:6d} chunk {chunk:5d} sdpa {sd * 1e3:7.1f}us | "
                   + " | ".join(f"{n} {row[n]['avg_ms'] * 1e3:7.1f}us (x{row[n]['over_sdpa']:.2f})"
                                for n in VARIANTS), flush=True)
-            with open(os.path.join(a.out, "bench_extend.json"), "w") as f:
-                json.dump(res, f, indent=1)
+            write_json(res, a.out, "bench_extend.json")
             del view
             if DEV == "cuda":
                 torch.cuda.empty_cache()

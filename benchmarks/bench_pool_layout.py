@@ -12,8 +12,6 @@ Writes ``DIR/bench_pool_layout.json``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -27,16 +25,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_decode_v2 import (  # noqa: E402
     DEV, bytes_per_token_loop, copy_bandwidth, inputs, sdpa_ms, time_rq,
 )
-from benchmarks.common import realistic_pool  # noqa: E402
+from benchmarks.common import bench_args, realistic_pool, write_json  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=".")
-    ap.add_argument("--dry-run", action="store_true")
-    a = ap.parse_args()
-    os.makedirs(a.out, exist_ok=True)
+    a = bench_args()
     cfg, loops, h, dim = RQConfig(), 4, 16, 128
     points = [(2, 40)] if a.dry_run else [(4, 8192), (16, 16384), (2, 16384), (4, 32768)]
     if a.dry_run:
@@ -62,8 +56,7 @@ def main() -> None:
               f"({row['token']['tbs']:.2f} TB/s)  head {row['head']['avg_ms'] * 1e3:8.1f}us "
               f"({row['head']['tbs']:.2f} TB/s)  sdpa {row['sdpa_ms'] * 1e3:8.1f}us  "
               f"head speedup x{row['head_over_token']:.2f}", flush=True)
-        with open(os.path.join(a.out, "bench_pool_layout.json"), "w") as f:
-            json.dump(res, f, indent=1)
+        write_json(res, a.out, "bench_pool_layout.json")
 
 
 if __name__ == "__main__":

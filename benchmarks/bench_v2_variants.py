@@ -12,8 +12,6 @@ CUDA-graph replay, `do_bench` median (`benchmarks.common.graph_ms`). Writes
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -27,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_decode_v2 import (  # noqa: E402
     DEV, bytes_per_token_loop, copy_bandwidth, inputs, pool, sdpa_ms, time_rq,
 )
+from benchmarks.common import bench_args, write_json  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
 
 VARIANTS = {  # the default before integer K dots; the default now; knobs around it
@@ -38,11 +37,7 @@ VARIANTS = {  # the default before integer K dots; the default now; knobs around
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=".")
-    ap.add_argument("--dry-run", action="store_true")
-    a = ap.parse_args()
-    os.makedirs(a.out, exist_ok=True)
+    a = bench_args()
     cfg, loops, h, dim = RQConfig(), 4, 16, 128
     points = [(4, 8192), (16, 16384), (2, 16384), (4, 32768), (64, 8192)]
     if a.dry_run:
@@ -64,8 +59,7 @@ def main() -> None:
             f"{n} {row[n]['avg_ms'] * 1e3:7.1f}us ({row[n]['resid_ms'] * 1e3:.1f}/"
             f"{row[n]['anchor_ms'] * 1e3:.1f}) {row[n]['tbs']:.2f}TB/s x{row[n]['vs_sdpa']:.2f}"
             for n in VARIANTS), flush=True)
-        with open(os.path.join(a.out, "bench_v2_variants.json"), "w") as f:
-            json.dump(res, f, indent=1)
+        write_json(res, a.out, "bench_v2_variants.json")
 
 
 if __name__ == "__main__":

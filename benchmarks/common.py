@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import time
 
 import torch
@@ -42,3 +45,23 @@ def realistic_pool(cfg, *, num_loops: int, num_kv_heads: int, head_dim: int, row
         if v.coef[i] is not None:
             v.coef[i].copy_(torch.empty(v.coef[i].shape, device=device).uniform_(0.7, 1.3))
     return v
+
+
+def bench_args(extra=None) -> argparse.Namespace:
+    """The benchmark scripts' common command line: ``--out DIR`` (created) and ``--dry-run``
+    (the scripts set TRITON_INTERPRET themselves before importing triton). ``extra(parser)`` adds
+    script-specific options."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--dry-run", action="store_true")
+    if extra is not None:
+        extra(ap)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    return args
+
+
+def write_json(results: dict, out_dir: str, name: str) -> None:
+    """Write ``results`` to ``out_dir/name`` (after every stage, so a cut-off run keeps data)."""
+    with open(os.path.join(out_dir, name), "w") as f:
+        json.dump(results, f, indent=1)

@@ -124,17 +124,23 @@ def _check_committed(step, n):
             assert rel < 0.15, f"row {i} loop {loop}: committed K off by {rel:.3f}"
 
 
+def _decode_and_check(step, run, table, lens, order, seed):
+    """Load requests ``order`` (table rows) with histories ``lens``, run the step, check it."""
+    step.load(req=order, seq_lens=[lens[r] + 1 for r in order],
+              loc=[int(table[r, lens[r]]) for r in order], seed=seed)
+    run()
+    if step.q.is_cuda:
+        torch.cuda.synchronize()
+    _check(step, len(order), lens)
+    _check_committed(step, len(order))
+
+
 def test_static_plan_matches_hand_plan_with_padding(device):
     """Eager step on oversized static buffers, two padded rows (CPU: interpreter)."""
     lens = {1: 37, 2: 1, 3: 70}  # awkward: not multiples of the tile, group or page
     view, table = _world(device, lens, seed=5, rows=400, width=160)
     step = Step(view, table, max_bs=5, device=device)
-    order = (3, 1, 2)
-    step.load(req=order, seq_lens=[lens[r] + 1 for r in order],
-              loc=[int(table[r, lens[r]]) for r in order], seed=1)
-    step()
-    _check(step, 3, lens)
-    _check_committed(step, 3)
+    _decode_and_check(step, step, table, lens, (3, 1, 2), seed=1)
 
 
 @pytest.mark.gpu
@@ -149,20 +155,6 @@ def test_decode_step_cuda_graph_replays(device):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-
-    order = (2, 3, 1)
-    step.load(req=order, seq_lens=[lens[r] + 1 for r in order],
-              loc=[int(table[r, lens[r]]) for r in order], seed=1)
-    graph.replay()
-    torch.cuda.synchronize()
-    _check(step, 3, lens)
-    _check_committed(step, 3)
-
+    _decode_and_check(step, graph.replay, table, lens, (2, 3, 1), seed=1)
     lens = {r: n + 1 for r, n in lens.items()}  # the token committed by replay 1 is history now
-    order = (1, 3)
-    step.load(req=order, seq_lens=[lens[r] + 1 for r in order],
-              loc=[int(table[r, lens[r]]) for r in order], seed=2)
-    graph.replay()
-    torch.cuda.synchronize()
-    _check(step, 2, lens)
-    _check_committed(step, 2)
+    _decode_and_check(step, graph.replay, table, lens, (1, 3), seed=2)
