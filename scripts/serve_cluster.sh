@@ -14,7 +14,8 @@ set -euo pipefail
 
 N=2 ROUTER_PORT=30000 BASE=31000 METRICS_PORT=29000 POLICY=cache_aware
 LOG_DIR=${LOG_DIR:-./cluster-logs}
-PY=${PYTHON:-python}
+# The project's Python: $PYTHON, else the cached venv of scripts/setup.sh (installs on first use).
+PY=${PYTHON:-$("$(dirname "$0")/setup.sh")/bin/python}
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -n) N=$2; shift 2 ;;
@@ -60,5 +61,5 @@ setsid "$PY" -m smg.launch_router --host 127.0.0.1 --port "$ROUTER_PORT" \
   --log-dir "$LOG_DIR" >"$LOG_DIR/router.log" 2>&1 &
 PIDS+=($!)
 echo "router: pid $! http://127.0.0.1:$ROUTER_PORT (metrics :$METRICS_PORT/metrics, policy $POLICY)"
-wait -n "${PIDS[@]}"
-echo "a process exited; stopping the cluster" >&2
+wait -n "${PIDS[@]}" || true  # (set -e would otherwise exit before the message)
+echo "a process exited; stopping the cluster (logs in $LOG_DIR)" >&2

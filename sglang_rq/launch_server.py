@@ -81,6 +81,9 @@ def prepare_environment(argv: list[str]) -> list[str]:
     cuda = has_cuda()
     if cfg.enabled and not _has_flag(rest, "--attention-backend"):
         rest += ["--attention-backend", "rq_triton" if cuda else "rq_native"]
+    if ours.rq_cuda_graph and not has_cuda():
+        print("sglang-rq: --rq-cuda-graph has no effect without CUDA (the CPU engine runs "
+              "rq_native eagerly)", file=sys.stderr)
     if ("rq_triton" in rest and not ours.rq_cuda_graph
             and not _has_flag(rest, "--disable-cuda-graph")):
         rest += ["--disable-cuda-graph"]  # NOTE: opt in with --rq-cuda-graph (backend_triton.py)
@@ -102,6 +105,32 @@ def prepare_environment(argv: list[str]) -> list[str]:
     return rest
 
 
+def validate_against_model(cfg: RQConfig, model_path: str) -> None:
+    """Check the KV format against the model's ``config.json`` before any weights load: loop
+    bits vs loop count, group size vs head_dim, loop groups (`layout.loop_segments`) and a
+    rotation file's presence, shape and orthogonality (`rotation.build_rotation`). A model
+    that is not a local directory (a hub id) is checked later, when the pool is built.
+
+    Raises
+    ------
+    sglang_rq.config.RQConfigError
+        Naming the ``--rq-*`` flag, as the pool would, but within a second of start-up.
+    """
+    config = Path(model_path) / "config.json"
+    if not cfg.enabled or not config.is_file():
+        return
+    from sglang_rq.cli import model_shape_from_config
+    from sglang_rq.layout import loop_segments
+    from sglang_rq.config import ROTATION_CHOICES
+    from sglang_rq.rotation import build_rotation
+
+    shape = model_shape_from_config(str(config))
+    loop_segments(shape, cfg)
+    if cfg.rotation not in ROTATION_CHOICES:
+        build_rotation(cfg, num_layers=shape.num_layers, num_kv_heads=shape.num_kv_heads,
+                       head_dim=shape.head_dim)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``sglang-rq serve`` and ``python -m sglang_rq.launch_server``."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -121,10 +150,12 @@ def main(argv: list[str] | None = None) -> None:
     from sglang.srt.server_args import prepare_server_args
 
     server_args = prepare_server_args(sglang_argv)
-    if RQConfig.from_json(env.RQ_CONFIG.get()).enabled:
+    cfg = RQConfig.from_json(env.RQ_CONFIG.get())
+    if cfg.enabled:
         from sglang_rq.plugin import validate_server_args
 
         validate_server_args(server_args)  # before any weights load
+        validate_against_model(cfg, server_args.model_path)
     from sglang.srt.entrypoints.http_server import app
 
     from sglang_rq.canary import install

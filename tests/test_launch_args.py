@@ -31,3 +31,32 @@ def test_user_flags_are_kept(clean_env):
     argv = prepare_environment(["--attention-backend", "rq_native", "--max-total-tokens", "999"])
     assert argv[argv.index("--max-total-tokens") + 1] == "999"
     assert "--disable-cuda-graph" not in argv
+
+
+def test_format_is_checked_against_the_model_before_weights_load(tmp_path):
+    """Loop bits vs the embedded model's 4 loops, and a missing rotation file, are refused from
+    config.json alone (the pool would refuse them too, but only after the weights load)."""
+    from sglang_rq.config import RQConfig, RQConfigError
+    from sglang_rq.launch_server import EMBEDDED_MODEL, validate_against_model
+
+    validate_against_model(RQConfig(), str(EMBEDDED_MODEL))  # the default format fits
+    with pytest.raises(RQConfigError, match="--rq-loop-bits gives 2 widths .* 4 loops"):
+        validate_against_model(RQConfig(loop_bits=(2, 2)), str(EMBEDDED_MODEL))
+    missing = tmp_path / "none.safetensors"
+    with pytest.raises(RQConfigError, match="--rq-rotation=.*none.safetensors"):
+        validate_against_model(RQConfig(rotation=str(missing)), str(EMBEDDED_MODEL))
+    validate_against_model(RQConfig(loop_bits=(2, 2)), str(tmp_path))  # no config.json: later
+
+
+def test_bad_format_exits_fast_with_the_flag_named():
+    """The real launcher process: exit status 2 and a one-line error, no server start."""
+    import subprocess
+    import time
+
+    t = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "sglang_rq.launch_server", "--rq-loop-bits", "2,2",
+                        "--port", "1"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "error: --rq-loop-bits gives 2 widths but the model runs 4 loops" in r.stderr
+    assert "Traceback" not in r.stderr
+    print(f"refused in {time.monotonic() - t:.1f} s")
