@@ -74,6 +74,16 @@ class RQNativeAttnBackend(TorchNativeAttnBackend):
                 attn_mask=mask, scale=layer.scaling, enable_gqa=hq != hkv)
             out[start_q:start_q + e] = o.squeeze(0).transpose(0, 1)
             start_q, start_h = start_q + e, start_h + p
-        if phys == pool.rq_shape.num_layers - 1 and loop == pool.rq_shape.num_loops - 1:
-            metrics.count_nonfinite(out)  # once per forward: NaN/Inf upstream has reached here
+        self._count_nonfinite_once(out, loop, phys)
         return out.view(q.shape[0], hq * d)
+
+    def _count_nonfinite_once(self, out: torch.Tensor, loop: int, phys: int) -> None:
+        """Count non-finite rows of ``out`` at the last layer of the last loop, once per forward
+        (NaN/Inf upstream has reached there). One reduction and host sync, so never inside a
+        CUDA-graph capture (a replayed step is not checked)."""
+        shape = self.token_to_kv_pool.rq_shape
+        if phys != shape.num_layers - 1 or loop != shape.num_loops - 1:
+            return
+        if out.is_cuda and torch.cuda.is_current_stream_capturing():
+            return
+        metrics.count_nonfinite(out)

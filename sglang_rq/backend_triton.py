@@ -158,7 +158,5 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
         else:
             out = extend_attention(q3, k3, v3, view, pos, md.qo_indptr, md.kv_indptr, md.kv_indices,
                                    sm_scale=layer.scaling, max_qo_len=md.max_qo_len)
-        last = phys == pool.rq_shape.num_layers - 1 and loop == pool.rq_shape.num_loops - 1
-        if last and not (out.is_cuda and torch.cuda.is_current_stream_capturing()):
-            metrics.count_nonfinite(out)  # one host sync per eager forward; not in CUDA graphs
+        self._count_nonfinite_once(out, loop, phys)
         return out.reshape(q.shape[0], hq * d)

@@ -81,7 +81,7 @@ def prepare_environment(argv: list[str]) -> list[str]:
     cuda = has_cuda()
     if cfg.enabled and not _has_flag(rest, "--attention-backend"):
         rest += ["--attention-backend", "rq_triton" if cuda else "rq_native"]
-    if ours.rq_cuda_graph and not has_cuda():
+    if ours.rq_cuda_graph and not cuda:
         print("sglang-rq: --rq-cuda-graph has no effect without CUDA (the CPU engine runs "
               "rq_native eagerly)", file=sys.stderr)
     if ("rq_triton" in rest and not ours.rq_cuda_graph
@@ -120,8 +120,8 @@ def validate_against_model(cfg: RQConfig, model_path: str) -> None:
     if not cfg.enabled or not config.is_file():
         return
     from sglang_rq.cli import model_shape_from_config
-    from sglang_rq.layout import loop_segments
     from sglang_rq.config import ROTATION_CHOICES
+    from sglang_rq.layout import loop_segments
     from sglang_rq.rotation import build_rotation
 
     shape = model_shape_from_config(str(config))

@@ -240,7 +240,7 @@ def _idp_chain(w, q, acc, SH: tl.constexpr, BITS: tl.constexpr, INTERP: tl.const
 
 
 @triton.jit
-def _kdot_idp(w, q, BITS: tl.constexpr, INTERP: tl.constexpr):
+def _kdot_half(w, q, BITS: tl.constexpr, INTERP: tl.constexpr):
     """Per-group integer dot of ``[BLOCK_N, NGP, WPG]`` code words with one packed query half
     ``[NGP, WPG, KX]`` (`_pack_query`): ``sum_e code_e * q_e`` as ``[BLOCK_N, NGP]`` int32, exact.
     The extractions are chained through dp4a's accumulator; the words of a group are summed in
@@ -261,6 +261,15 @@ def _kdot_idp(w, q, BITS: tl.constexpr, INTERP: tl.constexpr):
         acc = _idp_chain(w, q2[None], acc, 4, BITS, INTERP)
         acc = _idp_chain(w, q3[None], acc, 6, BITS, INTERP)
     return tl.sum(acc, axis=2)
+
+
+@triton.jit
+def _kdot_idp(w, qhi, qlo, sq, BITS: tl.constexpr, INTERP: tl.constexpr):
+    """``X[n, g] = sum_e code_e * q'_e`` ``[BLOCK_N, NGP]`` fp32 for the 16-bit fixed-point
+    query ``q' ~= sq * (qhi + qlo / 256)`` (``sq`` ``[NGP]``): two exact integer dots."""
+    xh = _kdot_half(w, qhi, BITS, INTERP).to(tl.float32)
+    xl = _kdot_half(w, qlo, BITS, INTERP).to(tl.float32)
+    return xh * sq[None, :] + xl * (sq * (1.0 / 256.0))[None, :]
 
 
 @triton.jit
@@ -318,7 +327,6 @@ def rq_decode_v2_split_kernel(
             if R_BITS > 0:
                 qr_hi = _pack_query(qhi.to(tl.int32), R_BITS, NGP, G)
                 qr_lo = _pack_query(qlo.to(tl.int32), R_BITS, NGP, G)
-            sq_lo = sq * (1.0 / 256.0)
     else:
         qg = tl.reshape(qt, [NGP, G, GQP])
         qsum = tl.sum(qg, axis=1)  # [NGP, GQP]
@@ -366,9 +374,7 @@ def rq_decode_v2_split_kernel(
             sk = sk * ck[:, None]
             ok = ok * ck[:, None]
         if K_IDP:
-            xh = _kdot_idp(kaw, qa_hi, A_BITS, INTERP)
-            xl = _kdot_idp(kaw, qa_lo, A_BITS, INTERP)
-            lg2 = (xh.to(tl.float32) * sq[None, :] + xl.to(tl.float32) * sq_lo[None, :]) * sk
+            lg2 = _kdot_idp(kaw, qa_hi, qa_lo, sq, A_BITS, INTERP) * sk
         elif GQP == 1:
             lg2 = tl.sum(ka * qg[None, :, :], axis=2) * sk  # [BLOCK_N, NGP]
         else:
@@ -377,9 +383,7 @@ def rq_decode_v2_split_kernel(
             skr, okr = _meta_values(krm)
             ok += okr
             if K_IDP:
-                xh = _kdot_idp(krw, qr_hi, R_BITS, INTERP)
-                xl = _kdot_idp(krw, qr_lo, R_BITS, INTERP)
-                lg2 += (xh.to(tl.float32) * sq[None, :] + xl.to(tl.float32) * sq_lo[None, :]) * skr
+                lg2 += _kdot_idp(krw, qr_hi, qr_lo, sq, R_BITS, INTERP) * skr
             elif GQP == 1:
                 kr = _decode_words(krw, magic, R_BITS, G, NGP, BLOCK_N, FSPLIT)
                 lg2 += tl.sum(kr * qg[None, :, :], axis=2) * skr
