@@ -15,9 +15,9 @@ sync); ``init_forward_metadata_out_graph`` points the per-layer calls at them. P
 ``seq_len`` 1 (`get_cuda_graph_seq_len_fill_value`), so they read no history, and SGLang gives
 them ``out_cache_loc`` 0, the reserved padding slot, so their commit never touches a real
 request's rows. The split count is a function of the static buffer sizes, so it is fixed per
-captured batch size. Capture is opt-in (``sglang-rq serve --rq-cuda-graph``): the path is
-verified at the kernel level on an H200 (tests/kernels/test_cuda_graph_step.py), not yet inside
-SGLang's graph runner on a GPU.
+captured batch size. Decode capture is on by default on CUDA (SGLang's default); the launcher
+disables prefill graphs (``--cuda-graph-backend-prefill disabled``), which this backend does not
+support. Graph replay vs eager tokens: tests/gpu/test_gpu_server.py.
 On CPU the kernels run only under ``TRITON_INTERPRET=1`` (used by the wiring test).
 """
 
@@ -120,7 +120,7 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
         """
         if not forward_batch.forward_mode.is_decode_or_idle():
             raise RuntimeError(f"rq_triton captures decode CUDA graphs only, got "
-                               f"{forward_batch.forward_mode}; run with --disable-cuda-graph")
+                               f"{forward_batch.forward_mode}; run with --cuda-graph-backend-prefill disabled")
         g = self.rq_graph
         assert g is not None, "init_cuda_graph_state was not called"
         bs = forward_batch.batch_size

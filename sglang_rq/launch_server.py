@@ -46,9 +46,6 @@ def add_serving_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rq-canary-interval-s", type=float, default=0.0,
                    help="Seconds between canary runs (default 30).")
     g.add_argument("--rq-no-canary", action="store_true", help="No /rq/ready canary thread.")
-    g.add_argument("--rq-cuda-graph", action="store_true",
-                   help="Let SGLang capture decode CUDA graphs with the rq_triton backend (off by "
-                        "default: verified at the kernel level only, see docs/kernels.md).")
 
 
 def _has_flag(argv: list[str], flag: str) -> bool:
@@ -81,12 +78,11 @@ def prepare_environment(argv: list[str]) -> list[str]:
     cuda = has_cuda()
     if cfg.enabled and not _has_flag(rest, "--attention-backend"):
         rest += ["--attention-backend", "rq_triton" if cuda else "rq_native"]
-    if ours.rq_cuda_graph and not cuda:
-        print("sglang-rq: --rq-cuda-graph has no effect without CUDA (the CPU engine runs "
-              "rq_native eagerly)", file=sys.stderr)
-    if ("rq_triton" in rest and not ours.rq_cuda_graph
+    if ("rq_triton" in rest and not _has_flag(rest, "--cuda-graph-backend-prefill")
             and not _has_flag(rest, "--disable-cuda-graph")):
-        rest += ["--disable-cuda-graph"]  # NOTE: opt in with --rq-cuda-graph (backend_triton.py)
+        # Decode CUDA graphs are SGLang's default and rq_triton supports them
+        # (tests/gpu/test_gpu_server.py: replay gives the eager tokens); prefill graphs it does not.
+        rest += ["--cuda-graph-backend-prefill", "disabled"]
     if not cuda:
         os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
         # NOTE: the reference codec is many small ops; with >1 intra-op thread on a busy machine

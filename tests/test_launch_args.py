@@ -20,11 +20,12 @@ def clean_env(monkeypatch):
     sys.path[:] = saved_path
 
 
-def test_rq_triton_runs_without_cuda_graphs_unless_opted_in(clean_env):
-    plain = prepare_environment(["--attention-backend", "rq_triton"])
-    assert "--disable-cuda-graph" in plain
-    opted = prepare_environment(["--attention-backend", "rq_triton", "--rq-cuda-graph"])
-    assert "--disable-cuda-graph" not in opted and "--rq-cuda-graph" not in opted
+def test_rq_triton_keeps_decode_cuda_graphs_and_disables_prefill_graphs(clean_env):
+    argv = prepare_environment(["--attention-backend", "rq_triton"])
+    assert "--disable-cuda-graph" not in argv
+    assert argv[argv.index("--cuda-graph-backend-prefill") + 1] == "disabled"
+    eager = prepare_environment(["--attention-backend", "rq_triton", "--disable-cuda-graph"])
+    assert "--cuda-graph-backend-prefill" not in eager
 
 
 def test_user_flags_are_kept(clean_env):
