@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from sglang_rq import env
-from sglang_rq.config import RQConfig, add_cli_args
+from sglang_rq.config import RQConfig, RQConfigError, add_cli_args
 
 EMBEDDED_MODEL = Path(__file__).resolve().parent / "assets" / "mini-ouro"
 CPU_SHIMS = Path(__file__).resolve().parent / "_cpu_shims"
@@ -52,6 +52,38 @@ def _has_flag(argv: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in argv)
 
 
+def _flag_value(argv: list[str], *flags: str) -> str | None:
+    """The value given to the first of ``flags`` found in ``argv`` (``--f v`` or ``--f=v``)."""
+    for i, a in enumerate(argv):
+        for f in flags:
+            if a == f and i + 1 < len(argv):
+                return argv[i + 1]
+            if a.startswith(f + "="):
+                return a.split("=", 1)[1]
+    return None
+
+
+def refuse_cpu_tensor_parallel(argv: list[str]) -> None:
+    """Refuse ``--tp-size > 1`` on the CPU engine before anything loads.
+
+    SGLang 0.5.23's CPU engine binds one NUMA node per rank (an AssertionError after ~30 s on a
+    one-node machine) and, with ``SGLANG_CPU_OMP_THREADS_BIND`` set, its CPU communicator still
+    asks for a CUDA device (``ValueError: Expected a cuda device, but got: cpu``), with the BF16
+    pool as with ours; tensor parallelism is a GPU feature here.
+
+    Raises
+    ------
+    sglang_rq.config.RQConfigError
+        When ``--tp-size``/``--tensor-parallel-size`` is above 1.
+    """
+    tp = _flag_value(argv, "--tp-size", "--tensor-parallel-size")
+    if tp is not None and int(tp) > 1:
+        raise RQConfigError(
+            f"--tp-size {tp} is not supported on the CPU engine (no CUDA device found): SGLang "
+            "0.5.23's CPU tensor parallelism needs one NUMA node per rank and a CUDA "
+            "communicator; serve with --tp-size 1 on CPU, or on CUDA GPUs")
+
+
 def prepare_environment(argv: list[str]) -> list[str]:
     """Parse the ``--rq-*`` flags into the environment; return the SGLang argv.
 
@@ -84,6 +116,7 @@ def prepare_environment(argv: list[str]) -> list[str]:
         # (tests/gpu/test_gpu_server.py: replay gives the eager tokens); prefill graphs it does not.
         rest += ["--cuda-graph-backend-prefill", "disabled"]
     if not cuda:
+        refuse_cpu_tensor_parallel(rest)
         os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
         # NOTE: the reference codec is many small ops; with >1 intra-op thread on a busy machine
         # torch's thread pool thrashes (measured 0.33 s vs 13.5 s per decode step, 2 cores).

@@ -146,3 +146,23 @@ def test_task_runner_against_rq_server(servers, task, tmp_path):
     report = json.loads(out.read_text())
     assert report["summary"]["n"] == 2 and 0.0 <= report["summary"]["accuracy"] <= 1.0
     assert all(isinstance(r["output"], str) for r in report["results"])
+
+
+def test_greedy_matches_recorded_cpu_tokens(servers):
+    """The embedded model's greedy tokens on CPU, both pools, equal the recorded ones
+    (tests/embedded_greedy.py); the GPU tests compare rq_triton and SGLang's BF16 backend with
+    the same file."""
+    import os
+
+    from tests.embedded_greedy import (NEW_TOKENS, first_differences, load_golden, prompt_ids,
+                                       record_golden)
+
+    rq, bf16 = servers
+    got = {"rq_native": rq.generate_ids(prompt_ids(), NEW_TOKENS),
+           "bf16": bf16.generate_ids(prompt_ids(), NEW_TOKENS)}
+    if os.environ.get("SGLANG_RQ_RECORD_GOLDEN") == "1":
+        for key, tokens in got.items():
+            record_golden(key, tokens)
+    golden = load_golden()
+    for key, tokens in got.items():
+        assert tokens == golden[key], f"{key}: first differences {first_differences(tokens, golden[key])}"

@@ -61,3 +61,16 @@ def test_bad_format_exits_fast_with_the_flag_named():
     assert "error: --rq-loop-bits gives 2 widths but the model runs 4 loops" in r.stderr
     assert "Traceback" not in r.stderr
     print(f"refused in {time.monotonic() - t:.1f} s")
+
+
+def test_cpu_tensor_parallel_is_refused_before_loading(clean_env):
+    import torch
+
+    from sglang_rq.config import RQConfigError
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU-engine refusal")
+    for argv in (["--tp-size", "2"], ["--tensor-parallel-size=2"], ["--rq-disable", "--tp-size", "2"]):
+        with pytest.raises(RQConfigError, match="--tp-size 2 is not supported on the CPU engine"):
+            prepare_environment(argv)
+    prepare_environment(["--tp-size", "1"])
