@@ -166,14 +166,30 @@ def _pool_cls_hook(original, self, *, kind):
 
 # ----------------------------------------------------------------------------- helpers
 def model_kv_shape(model_config):
-    """`ModelKVShape` of an SGLang ``ModelConfig`` (TP size 1; loops from ``num_loops``)."""
+    """`ModelKVShape` of an SGLang ``ModelConfig`` on this rank: KV heads divided by the
+    attention tensor-parallel size (as SGLang's own cell size and pool do); loops from
+    ``num_loops``.
+
+    Raises
+    ------
+    RQConfigError
+        When ``--tp-size`` does not divide the model's KV heads (SGLang would replicate heads,
+        which the per-rank rotation and byte accounting do not model).
+    """
+    from sglang.srt.runtime_context import get_parallel
+
     from sglang_rq.layout import ModelKVShape
 
     hf = model_config.hf_config
+    tp = get_parallel().attn_tp_size
+    total = model_config.get_total_num_kv_heads()
+    if total % tp:
+        raise RQConfigError(f"--tp-size {tp} does not divide the model's {total} KV heads; the "
+                            "ResidualQuant pool shards KV heads across ranks (or pass --rq-disable)")
     return ModelKVShape(
         num_layers=hf.num_hidden_layers,
         num_loops=int(getattr(hf, "num_loops", 1) or 1),
-        num_kv_heads=model_config.get_num_kv_heads(1),
+        num_kv_heads=model_config.get_num_kv_heads(tp),
         head_dim=model_config.head_dim,
     )
 
