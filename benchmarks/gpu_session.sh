@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Everything the project checks and times on a CUDA host, in one call (the lent H200 has no
+# network and a per-session time budget, so one script does it all and writes under $OUT).
+#
+#   benchmarks/gpu_session.sh STEP...     steps: doctor tests ops serving-card serving-budget tp2
+#
+# Env: BUNDLE (default .gpu-bundle/sglang-rq-bundle.tar.xz, from `sglang-rq bundle`), SITE (where
+# it is unpacked, default /tmp/rq-site), OUT (results, default /tmp/rq-out), DATA (held-out text,
+# default .gpu-bundle/data), TOKENIZER (SmolLM2 tokenizer dir for the Ouro-1.4B-shaped checkpoint,
+# default .gpu-bundle/smollm2-tokenizer), MAX_S (skip steps that start after this many seconds).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/rq-out}; SITE=${SITE:-/tmp/rq-site}; mkdir -p "$OUT"
+T0=$(date +%s); el() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
+if [ ! -d "$SITE/sglang" ]; then
+  mkdir -p "$SITE" && tar -xJf "${BUNDLE:-.gpu-bundle/sglang-rq-bundle.tar.xz}" -C "$SITE" || exit 3
+fi
+export PYTHONPATH=$PWD:$SITE PYTHONUNBUFFERED=1
+export SGLANG_RQ_DATA_DIR=${DATA:-$PWD/.gpu-bundle/data} TRITON_CACHE_DIR=/tmp/triton-cache
+TOK=${TOKENIZER:-$PWD/.gpu-bundle/smollm2-tokenizer}
+el "site $(du -sh "$SITE" | cut -f1); $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -2 | tr '\n' ' ')"
+for step in "$@"; do
+  if [ $(( $(date +%s) - T0 )) -gt "${MAX_S:-100000}" ]; then el "time guard: skip $step"; continue; fi
+  el "step $step"
+  case $step in
+    doctor)
+      python3 -m sglang_rq.doctor 2>&1 | tee "$OUT/doctor.txt" ;;
+    tests)
+      timeout 480 python3 -m pytest -q -rs -p no:cacheprovider tests/kernels tests/gpu \
+        tests/test_launch_args.py -k "${TESTS_K:-not nothing}" 2>&1 | tee "$OUT/tests.txt" | tail -40 ;;
+    ops)
+      timeout 120 python3 benchmarks/bench_portable_ops.py --out "$OUT" 2>&1 | tail -30 ;;
+    serving-card|serving-budget)
+      timeout 560 python3 benchmarks/bench_serving.py --out "$OUT/serving" --tokenizer "$TOK" \
+        --suite "${step#serving-}" ${SERVING_ARGS:-} 2>&1 | tail -40 ;;
+    tp2)
+      timeout 300 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu_tp.py 2>&1 \
+        | tee "$OUT/tp2.txt" | tail -20 ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+el done
