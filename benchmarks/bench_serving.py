@@ -12,9 +12,10 @@ largest ``sglang:num_running_reqs`` seen by a 4 Hz /metrics poll, and prints RQ/
 Suites (one server per arm and suite; ``--suite`` picks):
 - ``card``: the whole card (SGLang's own memory profiling). Scenarios ``step`` (1 request,
   128 in / 256 out: the fixed per-step cost), ``fixed-16k-b2`` and ``fixed-8k-b4`` (decode
-  tokens/s at fixed batch), ``capacity`` (``--capacity-factor`` x the pool's request capacity
-  of 16k-token requests offered at once).
-- ``budget``: ``--budget-gb`` GiB of KV (a 32 GB card after weights: 24), scenario ``capacity``.
+  tokens/s at fixed batch), ``capacity`` (64 requests of 16k in / 128 out offered at once: the
+  largest number running at once and the output tokens/s at that concurrency).
+- ``budget``: ``--budget-gb`` GiB of KV (a 32 GB card after weights: 24), scenario ``capacity``
+  with 24 requests offered.
 
 Both arms use SGLang's options that bound decode latency during long prefills:
 ``--enable-mixed-chunk --chunked-prefill-size 4096``.
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import shutil
@@ -59,6 +59,7 @@ COMMON = ["--enable-metrics", "--rq-no-canary", "--enable-mixed-chunk",
 FIXED = {"step": (128, 256, 1, 1), "fixed-16k-b2": (16384, 256, 2, 2),
          "fixed-8k-b4": (8192, 256, 4, 4)}
 CAPACITY_LEN = (16384, 128)
+OFFERED = {"card": 64, "budget": 24}  # requests offered at once in ``capacity``, same on both arms
 
 
 def make_checkpoint(dst: Path, tokenizer: Path) -> Path:
@@ -156,12 +157,10 @@ def run_arm(arm: str, suite: str, args: argparse.Namespace, model: Path, tmp: Pa
         print(f"[{suite}/{arm}] up in {result['startup_s']} s, max_total_num_tokens {cap}",
               flush=True)
         scenarios = dict(FIXED) if suite == "card" else {}
-        per_req = sum(CAPACITY_LEN)
-        n_cap = max(1, min(args.max_offered,
-                           math.ceil(args.capacity_factor * cap / per_req)))
-        scenarios["capacity"] = (*CAPACITY_LEN, n_cap, n_cap)
+        n = OFFERED[suite] if args.offered is None else args.offered
+        scenarios["capacity"] = (*CAPACITY_LEN, n, n)
         for name, (il, ol, n, c) in scenarios.items():
-            if (il + ol) * min(n, c) > cap:
+            if name != "capacity" and (il + ol) * min(n, c) > cap:
                 result[name] = {"skipped": f"{min(n, c)} x {il + ol} tokens > pool {cap}"}
                 continue
             result[name] = bench(server, args.tokenizer, tmp, input_len=il, output_len=ol,
@@ -198,9 +197,9 @@ def main() -> None:
     ap.add_argument("--suite", choices=["card", "budget"], action="append")
     ap.add_argument("--arms", default="bf16,rq")
     ap.add_argument("--budget-gb", type=float, default=24.0)
-    ap.add_argument("--capacity-factor", type=float, default=1.25,
-                    help="requests offered in the capacity scenario, x the pool's capacity")
-    ap.add_argument("--max-offered", type=int, default=64)
+    ap.add_argument("--offered", type=int, default=None,
+                    help="requests offered at once in the capacity scenario (default: card 64, "
+                         "budget 24; the same on both arms)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
