@@ -6,15 +6,24 @@
 Each user sends ``/v1/completions`` with ``stream: true`` (or ``/v1/chat/completions`` with
 ``RQ_LOAD_CHAT=1``) and measures, per request:
 
-* TTFT: request start to the first chunk carrying text,
-* ITL: gap between consecutive text chunks (one chunk = one token at ``--stream-interval 1``),
-* TPOT: ``(e2e - TTFT) / (output_tokens - 1)``, output tokens from the final usage chunk,
+* TTFT: request start to the first chunk carrying text (not to the response headers, which
+  SGLang sends before the first token),
+* ITL: per output token, the gap between consecutive text chunks divided by the tokens the later
+  chunk carried (cumulative ``usage.completion_tokens`` per chunk, requested with
+  ``stream_options.continuous_usage_stats``; a server that sends no per-chunk usage counts one
+  token per chunk), as ``bench_serving --backend sglang`` does. At ``--stream-interval 1`` a
+  chunk is one token and ITL is the chunk gap,
+* TPOT: ``(last text chunk - first text chunk) / (output_tokens - 1)``, output tokens from the
+  final usage chunk,
 * e2e latency, output tokens, errors (HTTP status, stream without a ``[DONE]``, no tokens).
 
-Locust's own table shows the HTTP request; TTFT/TPOT/ITL are fired as extra request types
-``TTFT``/``TPOT``/``ITL`` (response time = the metric in ms) so ``--csv`` and the web UI show
-their percentiles too. On exit a summary (p50/p90/p99, output tokens/s, requests/s, error rate)
-is printed and written as JSON to ``RQ_LOAD_REPORT`` (default ``loadtest-report.json``).
+Locust's own table shows the streamed request with its response time set to the e2e latency
+(locust would otherwise time it to the response headers); TTFT/TPOT/ITL are fired as extra
+request types ``TTFT``/``TPOT``/``ITL`` (response time = the metric in ms) so ``--csv`` and the
+web UI show their percentiles too. On exit a summary (p50/p90/p99, output tokens/s,
+requests/s, error rate) is printed and written as JSON to ``RQ_LOAD_REPORT`` (default
+``loadtest-report.json``). ``tests/test_loadtest_client.py`` checks these numbers against
+``loadtest/stub_server.py`` (a server with known timings) and against ``bench_serving``.
 
 Environment: ``RQ_LOAD_MODEL`` (default: first of ``/v1/models``), ``RQ_LOAD_PROMPT_TOKENS``
 (approximate prompt length in words, default 64), ``RQ_LOAD_MAX_TOKENS`` (default 32),
@@ -82,7 +91,8 @@ class StreamingUser(HttpUser):
     def stream(self) -> None:
         prompt = _prompt(self.rng)
         body = {"model": _model["name"], "max_tokens": MAX_TOKENS, "temperature": 0.0,
-                "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+                "stream": True, "ignore_eos": True,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
         if CHAT:
             path, body["messages"] = "/v1/chat/completions", [{"role": "user", "content": prompt}]
         else:
@@ -90,7 +100,7 @@ class StreamingUser(HttpUser):
         t0 = time.perf_counter()
         first = last = None
         itl: list[float] = []
-        tokens = chunks = 0
+        tokens = seen = 0  # tokens: final usage count; seen: tokens counted so far in the stream
         done, error = False, None
         with self.client.post(path, json=body, stream=True, name=path + " (stream)",
                               catch_response=True) as resp:
@@ -104,19 +114,21 @@ class StreamingUser(HttpUser):
                     if payload == b"[DONE]":
                         done = True
                         break
+                    now = time.perf_counter()
                     msg = json.loads(payload)
-                    if msg.get("usage"):
-                        tokens = int(msg["usage"].get("completion_tokens") or 0)
-                    for ch in msg.get("choices") or []:
-                        delta = ch.get("delta") or {}
-                        text = delta.get("content") if CHAT else ch.get("text")
-                        if text:
-                            now = time.perf_counter()
-                            if first is None:
-                                first = now
-                            else:
-                                itl.append(now - last)
-                            last, chunks = now, chunks + 1
+                    usage = msg.get("usage") or {}
+                    total = int(usage.get("completion_tokens") or 0)
+                    texts = [(ch.get("delta") or {}).get("content") if CHAT else ch.get("text")
+                             for ch in msg.get("choices") or []]
+                    if not any(texts):
+                        tokens = total or tokens  # the final usage chunk has no choices
+                        continue
+                    new = max(1, total - seen) if total else 1
+                    if first is None:
+                        first = now
+                    else:
+                        itl.extend([(now - last) / new] * new)
+                    last, seen = now, seen + new
                 if not done:
                     raise RuntimeError("stream ended without [DONE]")
                 if first is None:
@@ -125,13 +137,15 @@ class StreamingUser(HttpUser):
             except Exception as exc:  # noqa: BLE001 - every failure is counted as an error
                 error = exc
                 resp.failure(exc)
-        end = time.perf_counter()
+            end = time.perf_counter()
+            # NOTE: locust stops its clock at the response headers; report the whole stream.
+            resp.request_meta["response_time"] = (end - t0) * 1000
         with _lock:
             _totals["requests"] += 1
             if error is not None:
                 _totals["errors"] += 1
                 return
-            tokens = tokens or chunks
+            tokens = tokens or seen
             _totals["output_tokens"] += tokens
             _samples["ttft_s"].append(first - t0)
             _samples["e2e_s"].append(end - t0)
