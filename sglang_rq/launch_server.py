@@ -84,6 +84,60 @@ def refuse_cpu_tensor_parallel(argv: list[str]) -> None:
             "communicator; serve with --tp-size 1 on CPU, or on CUDA GPUs")
 
 
+PORTABLE_ATTENTION_BACKENDS = ("rq_triton", "rq_native", "triton", "torch_native",
+                               "flex_attention")
+
+
+def prepare_portable_cuda(argv: list[str]) -> list[str]:
+    """Portable CUDA mode (`sglang_rq.portable`): without a working compiled ``sgl_kernel``,
+    put the Triton stand-in first on ``PYTHONPATH`` (all SGLang processes), set its environment,
+    default ``--sampling-backend pytorch``, and log once which ops are substituted and why.
+    Returns ``argv`` (extended); with a working ``sgl_kernel`` nothing changes.
+
+    Raises
+    ------
+    sglang_rq.config.RQConfigError
+        For a flag whose path needs a compiled kernel package (an attention backend other than
+        `PORTABLE_ATTENTION_BACKENDS`, FlashInfer sampling, speculative decoding, HiCache).
+    """
+    from sglang_rq import portable
+
+    reason = portable.standin_reason()
+    if reason is None:
+        return argv
+    why = f"needs the compiled sglang-kernel/FlashInfer kernels, and {reason} (portable CUDA mode)"
+    for flag in ("--attention-backend", "--prefill-attention-backend",
+                 "--decode-attention-backend"):
+        value = _flag_value(argv, flag)
+        if value is not None and value not in PORTABLE_ATTENTION_BACKENDS:
+            raise RQConfigError(f"{flag} {value} {why}; use one of "
+                                f"{', '.join(PORTABLE_ATTENTION_BACKENDS)}")
+    sampling = _flag_value(argv, "--sampling-backend")
+    if sampling not in (None, "pytorch"):
+        raise RQConfigError(f"--sampling-backend {sampling} {why}; use --sampling-backend pytorch")
+    for flag in ("--speculative-algorithm", "--enable-hierarchical-cache"):
+        if _has_flag(argv, flag):
+            raise RQConfigError(f"{flag} {why}; serve without it")
+    os.environ.update(portable.portable_environment())
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(portable.STANDIN_DIR), os.environ.get("PYTHONPATH", "")) if p)
+    sys.path.insert(0, str(portable.STANDIN_DIR))
+    if sampling is None:
+        argv = argv + ["--sampling-backend", "pytorch"]
+    tp = _flag_value(argv, "--tp-size", "--tensor-parallel-size")
+    if tp is not None and int(tp) > 1 and not _has_flag(argv, "--disable-custom-all-reduce"):
+        argv = argv + ["--disable-custom-all-reduce"]  # custom all-reduce is a compiled kernel
+    import sgl_kernel  # the stand-in now
+
+    ops = ", ".join(f"{op}={impl}" for op, impl in sorted(sgl_kernel.SUBSTITUTES.items()))
+    print(f"sglang-rq: portable CUDA mode ({reason}): sgl_kernel ops substituted: {ops}; "
+          "SGLang's JIT rope/activation/KV-store kernels routed to them", file=sys.stderr)
+    if os.environ.get("SGLANG_FORCE_FUSED_OP_BACKEND"):
+        print("sglang-rq: SGLANG_FORCE_FUSED_OP_BACKEND is set: fused ops bypass the "
+              "substitutes (unset it for speed)", file=sys.stderr)
+    return argv
+
+
 def prepare_environment(argv: list[str]) -> list[str]:
     """Parse the ``--rq-*`` flags into the environment; return the SGLang argv.
 
@@ -131,6 +185,8 @@ def prepare_environment(argv: list[str]) -> list[str]:
                 continue
             if not _has_flag(rest, flag):
                 rest += [flag, value]
+    else:
+        rest = prepare_portable_cuda(rest)
     return rest
 
 

@@ -34,6 +34,8 @@ Families (``sglang_rq_`` prefix, base units in names, ``_total`` on counters):
 ``sglang_rq_nonfinite_attention_outputs_total``     tokens whose attention output had NaN/Inf
 ``sglang_rq_fallbacks_total{path}``                 reference-codec fallbacks on a kernel device
 ``sglang_rq_canary_*``                              readiness canary (see `sglang_rq.canary`)
+``sglang_rq_portable_ops{op,impl}``                 1 per ``sgl_kernel`` op substituted in
+                                                    portable CUDA mode (`sglang_rq.portable`)
 ==================================================  ===========================================
 """
 
@@ -117,6 +119,7 @@ def publish_kv_format(*, cfg: RQConfig, shape: ModelKVShape, page_size: int, sta
     With ``cfg.enabled == False`` (``--rq-disable``) the same families describe the BF16 cache
     (ratio 1, no staging or rotation), so dashboards compare A/B workers on one panel.
     """
+    publish_portable_ops()
     fams = _get()
     if fams is None:
         return
@@ -144,6 +147,47 @@ def publish_kv_format(*, cfg: RQConfig, shape: ModelKVShape, page_size: int, sta
     fams["rotation"].set(layout.rotation_bytes(shape, cfg))
     fams["pool_tokens"].set(pool_tokens)
     fams["pool_bytes"].set(pool_bytes)
+
+
+_portable_published = False
+
+
+def publish_portable_ops() -> dict[str, str]:
+    """Set ``sglang_rq_portable_ops{op, impl} = 1`` for every op the ``sgl_kernel`` stand-in
+    substitutes in this process (portable CUDA mode), and log the list once per process.
+
+    Returns the ``{op: impl}`` map (empty with the real ``sgl_kernel``). Called by
+    `publish_kv_format` (once per process, when the pool exists), metrics on or off.
+    """
+    import sys
+
+    from sglang_rq.portable import STANDIN_DIR
+
+    global _portable_published
+    mod = sys.modules.get("sgl_kernel")
+    if mod is None and str(STANDIN_DIR) in sys.path:  # a process that has not imported it yet
+        import sgl_kernel as mod
+    subs = dict(getattr(mod, "SUBSTITUTES", None) or {})
+    if not subs or _portable_published:
+        return subs
+    _portable_published = True
+    import logging
+
+    logging.getLogger(__name__).info(
+        "sglang-rq portable CUDA mode: sgl_kernel stand-in ops %s",
+        ", ".join(f"{op}={impl}" for op, impl in sorted(subs.items())))
+    fams = _get()
+    if fams is not None:
+        with _lock:
+            if "portable" not in fams:
+                from prometheus_client import Gauge
+
+                fams["portable"] = Gauge(PREFIX + "portable_ops", "1 per sgl_kernel op run by "
+                                         "the sglang-rq stand-in (portable CUDA mode).",
+                                         ("op", "impl"), multiprocess_mode="mostrecent")
+        for op, impl in subs.items():
+            fams["portable"].labels(op=op, impl=impl).set(1)
+    return subs
 
 
 def count_committed(num_tokens: int) -> None:
