@@ -58,7 +58,7 @@ COMMON = ["--enable-metrics", "--rq-no-canary", "--enable-mixed-chunk",
 # name -> (input tokens, output tokens, requests, max concurrency); capacity is sized per server
 FIXED = {"step": (128, 256, 1, 1), "fixed-16k-b2": (16384, 256, 2, 2),
          "fixed-8k-b4": (8192, 256, 4, 4)}
-CAPACITY_LEN = (16384, 128)
+CAPACITY_LEN = [16384, 128]
 OFFERED = {"card": 64, "budget": 24}  # requests offered at once in ``capacity``, same on both arms
 
 
@@ -192,7 +192,7 @@ def ratios(results: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="docs/results/serving")
-    ap.add_argument("--tokenizer", type=Path, required=True)
+    ap.add_argument("--tokenizer", type=Path, help="tokenizer directory (required but with --smoke)")
     ap.add_argument("--model", type=Path, default=Path("/tmp/ouro-1.4b-random"))
     ap.add_argument("--suite", choices=["card", "budget"], action="append")
     ap.add_argument("--arms", default="bf16,rq")
@@ -200,7 +200,20 @@ def main() -> None:
     ap.add_argument("--offered", type=int, default=None,
                     help="requests offered at once in the capacity scenario (default: card 64, "
                          "budget 24; the same on both arms)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="CPU check of the script: the embedded model, tiny lengths")
     args = ap.parse_args()
+    if args.smoke:
+        from sglang_rq.launch_server import EMBEDDED_MODEL
+
+        args.model = args.tokenizer = EMBEDDED_MODEL
+        FIXED.clear()
+        FIXED["step"] = (16, 8, 1, 1)
+        CAPACITY_LEN[:] = [200, 8]
+        OFFERED.update(card=3, budget=3)
+        COMMON[COMMON.index("--context-length") + 1] = "1024"
+        COMMON[COMMON.index("--chunked-prefill-size") + 1] = "256"
+        ARMS["bf16"] = ["--rq-disable"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / "rq-bench-serving"
