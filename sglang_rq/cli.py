@@ -1,5 +1,7 @@
 """The ``sglang-rq`` command: ``serve`` (SGLang server + plugin), ``kv-size`` (byte accounting),
-``eval`` (quality of KV formats through the server, `sglang_rq.quality.harness`)."""
+``eval`` (quality of KV formats through the server, `sglang_rq.quality.harness`), ``bundle``
+(offline bundle for a CUDA host, `sglang_rq.bundle`) and ``doctor`` (can this host serve?,
+`sglang_rq.doctor`)."""
 
 from __future__ import annotations
 
@@ -106,12 +108,24 @@ def _tasks(argv: list[str]) -> int:
     return run_tasks(argv)
 
 
+def _bundle(argv: list[str]) -> int:
+    from sglang_rq.bundle import main as run_bundle
+
+    return run_bundle(argv)
+
+
+def _doctor(argv: list[str]) -> int:
+    from sglang_rq.doctor import main as run_doctor
+
+    return run_doctor(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"serve": None, "kv-size": kv_size, "eval": _eval, "calibrate": _calibrate,
-                "tasks": _tasks}
+                "tasks": _tasks, "bundle": _bundle, "doctor": _doctor}
     if not argv or argv[0] not in commands:
-        print("usage: sglang-rq {serve,kv-size,eval,calibrate,tasks} [options]  (sglang-rq COMMAND --help)",
+        print(f"usage: sglang-rq {{{','.join(commands)}}} [options]  (sglang-rq COMMAND --help)",
               file=sys.stderr)
         return 2
     try:
