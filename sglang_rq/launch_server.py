@@ -124,6 +124,9 @@ def prepare_portable_cuda(argv: list[str]) -> list[str]:
     sys.path.insert(0, str(portable.STANDIN_DIR))
     if sampling is None:
         argv = argv + ["--sampling-backend", "pytorch"]
+    if not _has_flag(argv, "--attention-backend"):
+        # --rq-disable: SGLang would pick FlashInfer/FA3 on Hopper; its Triton backend runs here
+        argv = argv + ["--attention-backend", "triton"]
     tp = _flag_value(argv, "--tp-size", "--tensor-parallel-size")
     if tp is not None and int(tp) > 1 and not _has_flag(argv, "--disable-custom-all-reduce"):
         argv = argv + ["--disable-custom-all-reduce"]  # custom all-reduce is a compiled kernel
