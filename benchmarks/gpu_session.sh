@@ -2,7 +2,8 @@
 # Everything the project checks and times on a CUDA host, in one call (the lent H200 has no
 # network and a per-session time budget, so one script does it all and writes under $OUT).
 #
-#   benchmarks/gpu_session.sh STEP...     steps: doctor tests ops serving-card serving-budget tp2
+#   benchmarks/gpu_session.sh STEP...
+#   steps: doctor gpuserver kernels ops serving-card serving-budget tp2
 #
 # Env: BUNDLE (default .gpu-bundle/sglang-rq-bundle.tar.xz, from `sglang-rq bundle`), SITE (where
 # it is unpacked, default /tmp/rq-site), OUT (results, default /tmp/rq-out), DATA (held-out text,
@@ -25,18 +26,22 @@ for step in "$@"; do
   case $step in
     doctor)
       python3 -m sglang_rq.doctor 2>&1 | tee "$OUT/doctor.txt" ;;
-    tests)
-      timeout 480 python3 -m pytest -q -rs -p no:cacheprovider tests/kernels tests/gpu \
-        tests/test_launch_args.py -k "${TESTS_K:-not nothing}" 2>&1 | tee "$OUT/tests.txt" | tail -40 ;;
+    gpuserver)
+      timeout 330 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu_server.py \
+        -k "${TESTS_K:-not nothing}" 2>&1 | tee "$OUT/gpuserver.txt" | tail -30 ;;
+    kernels)
+      timeout 240 python3 -m pytest -q -rs -p no:cacheprovider -x tests/kernels 2>&1 \
+        | tee "$OUT/kernels.txt" | tail -20 ;;
     ops)
-      timeout 120 python3 benchmarks/bench_portable_ops.py --out "$OUT" 2>&1 | tail -30 ;;
+      timeout 100 python3 benchmarks/bench_portable_ops.py --out "$OUT" 2>&1 | tail -30 ;;
     serving-card|serving-budget)
       timeout 560 python3 benchmarks/bench_serving.py --out "$OUT/serving" --tokenizer "$TOK" \
         --suite "${step#serving-}" ${SERVING_ARGS:-} 2>&1 | tail -40 ;;
     tp2)
-      timeout 300 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu_tp.py 2>&1 \
+      timeout 200 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu_tp.py 2>&1 \
         | tee "$OUT/tp2.txt" | tail -20 ;;
     *) echo "unknown step $step" ;;
   esac
 done
+( cd /tmp && tar -czf "$OUT/server-logs.tgz" pytest-of-*/pytest-current/*/*.log rq-bench-serving/*.log 2>/dev/null )
 el done
