@@ -127,6 +127,11 @@ def prepare_portable_cuda(argv: list[str]) -> list[str]:
     if not _has_flag(argv, "--attention-backend"):
         # --rq-disable: SGLang would pick FlashInfer/FA3 on Hopper; its Triton backend runs here
         argv = argv + ["--attention-backend", "triton"]
+    if not _has_flag(argv, "--cuda-graph-backend-prefill") and not _has_flag(
+            argv, "--disable-cuda-graph"):
+        # NOTE: SGLang's (breakable) prefill CUDA graphs call sgl_kernel.weak_ref_tensor, a
+        # compiled op; decode graphs do not (measured on the H200, BF16 arm)
+        argv = argv + ["--cuda-graph-backend-prefill", "disabled"]
     tp = _flag_value(argv, "--tp-size", "--tensor-parallel-size")
     if tp is not None and int(tp) > 1 and not _has_flag(argv, "--disable-custom-all-reduce"):
         argv = argv + ["--disable-custom-all-reduce"]  # custom all-reduce is a compiled kernel

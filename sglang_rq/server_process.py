@@ -74,6 +74,23 @@ class Server:
         r.raise_for_status()
         return [o["output_ids"] for o in r.json()]
 
+    def generate_greedy(self, prompts: list[list[int]], max_new_tokens: int
+                        ) -> tuple[list[list[int]], list[list[float]]]:
+        """Greedy continuation of token-id prompts in one batch, with each generated position's
+        top-1 minus top-2 log-probability (nats): the margin by which greedy chose the token."""
+        r = requests.post(self.url + "/generate", json={
+            "input_ids": prompts, "return_logprob": True, "top_logprobs_num": 2,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0,
+                                "ignore_eos": True},
+        }, timeout=600)
+        r.raise_for_status()
+        ids, margins = [], []
+        for o in r.json():
+            ids.append(o["output_ids"])
+            tops = o["meta_info"]["output_top_logprobs"]
+            margins.append([pos[0][0] - pos[1][0] for pos in tops])
+        return ids, margins
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)

@@ -149,20 +149,24 @@ def test_task_runner_against_rq_server(servers, task, tmp_path):
 
 
 def test_greedy_matches_recorded_cpu_tokens(servers):
-    """The embedded model's greedy tokens on CPU, both pools, equal the recorded ones
-    (tests/embedded_greedy.py); the GPU tests compare rq_triton and SGLang's BF16 backend with
-    the same file."""
+    """The embedded model's greedy tokens on CPU, both pools, equal the recorded ones up to the
+    first near-tie (tests/embedded_greedy.py); the GPU tests compare rq_triton and SGLang's BF16
+    backend with the same file."""
     import os
 
-    from tests.embedded_greedy import (NEW_TOKENS, first_differences, load_golden, prompt_ids,
-                                       record_golden)
+    from tests.embedded_greedy import (NEW_TOKENS, greedy_mismatches, load_golden, prompt_ids,
+                                       record_golden, teacher_forced_mismatches)
 
     rq, bf16 = servers
-    got = {"rq_native": rq.generate_ids(prompt_ids(), NEW_TOKENS),
-           "bf16": bf16.generate_ids(prompt_ids(), NEW_TOKENS)}
+    got = {"rq_native": rq.generate_greedy(prompt_ids(), NEW_TOKENS),
+           "bf16": bf16.generate_greedy(prompt_ids(), NEW_TOKENS)}
     if os.environ.get("SGLANG_RQ_RECORD_GOLDEN") == "1":
-        for key, tokens in got.items():
-            record_golden(key, tokens)
+        for key, (tokens, margins) in got.items():
+            record_golden(key, tokens, margins)
     golden = load_golden()
-    for key, tokens in got.items():
-        assert tokens == golden[key], f"{key}: first differences {first_differences(tokens, golden[key])}"
+    for key, (tokens, _) in got.items():
+        ref = golden[key]
+        assert not greedy_mismatches(tokens, ref["tokens"], ref["margins"]), key
+    for key, server in (("rq_native", rq), ("bf16", bf16)):
+        bad, checked = teacher_forced_mismatches(server.url, key)
+        assert checked >= 40 and not bad, (key, checked, bad)

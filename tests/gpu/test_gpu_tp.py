@@ -4,8 +4,8 @@
 - Each rank's pool holds its own KV heads: the capacity at a fixed per-rank budget is the budget
   over the per-rank cell (hand-derived here: half of TP = 1's bytes per token), so TP = 2 holds
   about twice the tokens of TP = 1 (the staging buffer, also halved, is subtracted first).
-- Greedy tokens at TP = 2 equal TP = 1 (same kernels; only the all-reduce's summation order
-  differs).
+- Greedy tokens at TP = 2 equal TP = 1 up to TP = 1's first near-tie (same kernels; only the
+  all-reduce's summation order differs).
 
 Skipped with fewer than two CUDA devices.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.embedded_greedy import NEW_TOKENS, first_differences, prompt_ids
+from tests.embedded_greedy import NEW_TOKENS, greedy_mismatches, prompt_ids
 from tests.server import Server
 
 pytestmark = [pytest.mark.gpu, pytest.mark.engine,
@@ -42,7 +42,7 @@ def runs(tmp_path_factory):
     for tp in (1, 2):
         server = Server(COMMON + ["--tp-size", str(tp)], logs / f"tp{tp}.log")
         try:
-            out[tp] = {"tokens": server.generate_ids(prompt_ids(), NEW_TOKENS),
+            out[tp] = {"greedy": server.generate_greedy(prompt_ids(), NEW_TOKENS),
                        "capacity": int(server.metric("sglang:max_total_num_tokens"))}
         finally:
             server.stop()
@@ -60,6 +60,7 @@ def test_capacity_is_per_rank(runs):
         assert expected - 64 <= got <= expected, (tp, got, expected)
 
 
-def test_tp2_greedy_equals_tp1(runs):
-    a, b = runs[1]["tokens"], runs[2]["tokens"]
-    assert a == b, f"first differences {first_differences(b, a)}"
+def test_tp2_greedy_matches_tp1(runs):
+    """Equal tokens up to TP = 1's first near-tie (tests/embedded_greedy.py)."""
+    (ref, ref_margins), (got, _) = runs[1]["greedy"], runs[2]["greedy"]
+    assert not greedy_mismatches(got, ref, ref_margins)
