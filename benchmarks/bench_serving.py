@@ -110,12 +110,28 @@ def _metric(text: str, name: str) -> float:
     return sum(vals)
 
 
+# NOTE: sglang.bench_serving imports HF `datasets` at module load for its MMMU dataset only; an
+# offline GPU host may lack it, so a stand-in that raises on use is installed when it is missing.
+RUN_BENCH_SERVING = """
+import runpy, sys, types
+try:
+    import datasets  # noqa: F401
+except ImportError:
+    def _missing(*a, **k):
+        raise RuntimeError("HF datasets is not installed (only the random-ids dataset works)")
+    sys.modules["datasets"] = types.ModuleType("datasets")
+    sys.modules["datasets"].load_dataset = _missing
+sys.argv[0] = "bench_serving"
+runpy.run_module("sglang.bench_serving", run_name="__main__", alter_sys=True)
+"""
+
+
 def bench(server: Server, tokenizer: Path, tmp: Path, *, input_len: int, output_len: int,
           num_prompts: int, concurrency: int, tag: str) -> dict:
     """One ``sglang.bench_serving`` run; returns its JSON result plus the polled maxima."""
     out = tmp / f"{tag}.jsonl"
     out.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang",
+    cmd = [sys.executable, "-c", RUN_BENCH_SERVING, "--backend", "sglang",
            "--base-url", server.url, "--dataset-name", "random-ids", "--tokenize-prompt",
            "--random-input-len", str(input_len), "--random-output-len", str(output_len),
            "--random-range-ratio", "1.0", "--num-prompts", str(num_prompts),
