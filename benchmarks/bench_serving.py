@@ -174,7 +174,8 @@ def run_arm(arm: str, suite: str, args: argparse.Namespace, model: Path, tmp: Pa
               flush=True)
         scenarios = dict(FIXED) if suite == "card" else {}
         n = OFFERED[suite] if args.offered is None else args.offered
-        scenarios["capacity"] = (*CAPACITY_LEN, n, n)
+        if n > 0:
+            scenarios["capacity"] = (*CAPACITY_LEN, n, n)
         for name, (il, ol, n, c) in scenarios.items():
             if name != "capacity" and (il + ol) * min(n, c) > cap:
                 result[name] = {"skipped": f"{min(n, c)} x {il + ol} tokens > pool {cap}"}
@@ -215,7 +216,7 @@ def main() -> None:
     ap.add_argument("--budget-gb", type=float, default=24.0)
     ap.add_argument("--offered", type=int, default=None,
                     help="requests offered at once in the capacity scenario (default: card 64, "
-                         "budget 24; the same on both arms)")
+                         "budget 24; the same on both arms; 0 skips it)")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU check of the script: the embedded model, tiny lengths")
     args = ap.parse_args()
@@ -235,6 +236,11 @@ def main() -> None:
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / "rq-bench-serving"
     tmp.mkdir(parents=True, exist_ok=True)
     model = make_checkpoint(args.model, args.tokenizer)
+    from sglang_rq import portable
+
+    if portable.standin_reason() is not None:  # the bench client imports SGLang too
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(portable.STANDIN_DIR), os.environ.get("PYTHONPATH", "")) if p)
     path = out / "results.json"
     results = json.loads(path.read_text()) if path.is_file() else {}
     for suite in args.suite or ["card"]:

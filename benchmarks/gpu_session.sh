@@ -8,7 +8,8 @@
 # Env: BUNDLE (default .gpu-bundle/sglang-rq-bundle.tar.xz, from `sglang-rq bundle`), SITE (where
 # it is unpacked, default /tmp/rq-site), OUT (results, default /tmp/rq-out), DATA (held-out text,
 # default .gpu-bundle/data), TOKENIZER (SmolLM2 tokenizer dir for the Ouro-1.4B-shaped checkpoint,
-# default .gpu-bundle/smollm2-tokenizer), MAX_S (skip steps that start after this many seconds).
+# default .gpu-bundle/smollm2-tokenizer), MAX_S (skip steps that start after this many seconds),
+# CARD_ARGS (extra flags of the card suite, e.g. --offered 0).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rq-out}; SITE=${SITE:-/tmp/rq-site}; mkdir -p "$OUT"
@@ -36,7 +37,7 @@ for step in "$@"; do
       timeout 100 python3 benchmarks/bench_portable_ops.py --out "$OUT" 2>&1 | tail -30 ;;
     serving-card|serving-budget)
       timeout 560 python3 benchmarks/bench_serving.py --out "$OUT/serving" --tokenizer "$TOK" \
-        --suite "${step#serving-}" ${SERVING_ARGS:-} 2>&1 | tail -40 ;;
+        --suite "${step#serving-}" $([ $step = serving-card ] && echo "${CARD_ARGS:-}") 2>&1 | tail -40 ;;
     tp2)
       timeout 200 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu_tp.py 2>&1 \
         | tee "$OUT/tp2.txt" | tail -20 ;;
