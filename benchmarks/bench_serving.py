@@ -221,7 +221,7 @@ def main() -> None:
                     help="CPU check of the script: the embedded model, tiny lengths")
     args = ap.parse_args()
     if args.smoke:
-        from sglang_rq.launch_server import EMBEDDED_MODEL
+        from sglang_rq.models.embedded import EMBEDDED_MODEL
 
         args.model = args.tokenizer = EMBEDDED_MODEL
         FIXED.clear()

@@ -17,6 +17,7 @@ from torch.nn.functional import scaled_dot_product_attention
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
 from sglang_rq import metrics
+from sglang_rq.layout import loop_and_layer
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -48,7 +49,7 @@ class RQNativeAttnBackend(TorchNativeAttnBackend):
 
     def _forward(self, q, k, v, layer, forward_batch, save_kv_cache, *, prefix_lens, extend_lens):
         pool: RQTokenToKVPool = self.token_to_kv_pool
-        loop, phys = divmod(layer.layer_id, pool.rq_shape.num_layers)
+        loop, phys = loop_and_layer(layer.layer_id, pool.rq_shape.num_layers)
         hq, hkv, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
         q3 = q.view(-1, hq, d)
         k3, v3 = k.view(-1, hkv, d), v.view(-1, hkv, d)

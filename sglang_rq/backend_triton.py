@@ -31,6 +31,7 @@ import torch
 from sglang_rq import metrics
 from sglang_rq.backend_native import RQNativeAttnBackend
 from sglang_rq.kv_plan import kv_indices_capacity, plan_history
+from sglang_rq.layout import loop_and_layer
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -142,7 +143,7 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
         from rq_kernels.extend import extend_attention
 
         pool = self.token_to_kv_pool
-        loop, phys = divmod(layer.layer_id, pool.rq_shape.num_layers)
+        loop, phys = loop_and_layer(layer.layer_id, pool.rq_shape.num_layers)
         hq, hkv, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
         q3, k3, v3 = q.view(-1, hq, d), k.view(-1, hkv, d), v.view(-1, hkv, d)
         if save_kv_cache:

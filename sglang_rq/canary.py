@@ -300,10 +300,9 @@ def _publish_disabled_format(url: str, server_args: Any) -> None:
     try:
         import requests
 
-        from sglang_rq.cli import model_shape_from_config
-        from sglang_rq.layout import bf16_bytes_per_token
+        from sglang_rq.layout import ModelKVShape, bf16_bytes_per_token
 
-        shape = model_shape_from_config(str(Path(server_args.model_path) / "config.json"))
+        shape = ModelKVShape.from_hf_config(Path(server_args.model_path) / "config.json")
         info = requests.get(url + "/get_server_info", timeout=30).json()
         tokens = int(info.get("max_total_num_tokens") or 0)
         metrics.publish_kv_format(cfg=cfg, shape=shape, page_size=server_args.page_size or 1,

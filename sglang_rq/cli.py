@@ -12,77 +12,73 @@ import sys
 from sglang_rq.config import RQConfig, RQConfigError, add_cli_args
 
 
-def model_shape_from_config(path: str):
-    """`ModelKVShape` from a HF ``config.json`` (Ouro, Llama-family, Nanbeige/LoopCoder loops).
-
-    Raises
-    ------
-    RQConfigError
-        If the file is missing or lacks the fields (names the file and field).
-    """
-    from sglang_rq.layout import ModelKVShape
-
-    try:
-        with open(path) as f:
-            hf = json.load(f)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise RQConfigError(f"--model-config={path}: cannot read a JSON config ({exc})") from exc
-    try:
-        heads = hf["num_attention_heads"]
-        loops = hf.get("total_ut_steps") or hf.get("num_loops") or hf.get("loop_num") or 1
-        return ModelKVShape(
-            num_layers=hf["num_hidden_layers"], num_loops=int(loops),
-            num_kv_heads=hf.get("num_key_value_heads") or heads,
-            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads)
-    except KeyError as exc:
-        raise RQConfigError(f"--model-config={path}: missing field {exc}") from exc
-
-
 def kv_size(argv: list[str]) -> int:
-    """``sglang-rq kv-size``: print bytes per token, effective bits, staging, tokens in budget."""
+    """``sglang-rq kv-size``: print bytes per token, effective bits, staging, tokens in budget.
+
+    The staging size comes from the SGLang flags that decide it at serve time
+    (`layout.staging_tokens`); with ``--tp-size`` every figure is per rank.
+    """
     from sglang_rq import layout
 
     p = argparse.ArgumentParser(prog="sglang-rq kv-size",
                                 description="KV-cache bytes per token for a model and KV format.")
-    p.add_argument("--model-config", required=True, help="Path to the model's config.json.")
-    p.add_argument("--memory-gb", type=float, default=None, help="KV budget in GiB to fill.")
-    p.add_argument("--staging-tokens", type=int, default=8192,
-                   help="Tokens per forward held in BF16 staging (fixed overhead).")
+    p.add_argument("--model-config", required=True,
+                   help="The model's config.json (or the directory holding it).")
+    p.add_argument("--memory-gb", type=float, default=None, help="KV budget in GiB to fill (per rank).")
+    p.add_argument("--tp-size", type=int, default=1,
+                   help="Tensor-parallel ranks the KV heads are split over (figures per rank).")
+    p.add_argument("--chunked-prefill-size", type=int, default=8192,
+                   help="SGLang's flag (default 8192: what SGLang picks on 60-160 GB GPUs; <= 0 "
+                        "means chunks of --max-prefill-tokens).")
+    p.add_argument("--max-prefill-tokens", type=int, default=16384, help="SGLang's flag.")
+    p.add_argument("--max-running-requests", type=int, default=None,
+                   help=f"SGLang's flag (unset: {layout.DEFAULT_MAX_RUNNING_REQUESTS}, as at serve "
+                        "time).")
+    p.add_argument("--enable-mixed-chunk", action="store_true", help="SGLang's flag.")
+    p.add_argument("--staging-tokens", type=int, default=None,
+                   help="Tokens per forward held in BF16 staging (fixed overhead); overrides the "
+                        "value derived from the SGLang flags above, as --rq-staging-tokens does.")
     p.add_argument("--json", action="store_true", help="Print one JSON object.")
     add_cli_args(p)
     args = p.parse_args(argv)
-    shape = model_shape_from_config(args.model_config)
+    shape = layout.ModelKVShape.from_hf_config(args.model_config, tp_size=args.tp_size)
     cfg = RQConfig.from_args(args)
+    staging_tokens = args.staging_tokens or layout.staging_tokens(
+        chunked_prefill_size=args.chunked_prefill_size,
+        max_prefill_tokens=args.max_prefill_tokens,
+        max_running_requests=args.max_running_requests,
+        enable_mixed_chunk=args.enable_mixed_chunk)
     per_tok = layout.kv_bytes_per_token(shape, cfg)
     bf16 = layout.bf16_bytes_per_token(shape)
-    staging = layout.staging_bytes(shape, cfg, staging_tokens=args.staging_tokens)
+    staging = layout.staging_bytes(shape, cfg, staging_tokens=staging_tokens)
     out = {
-        "kv_format": cfg.describe(),
+        "kv_format": cfg.describe(), "tp_size": args.tp_size,
         "num_layers": shape.num_layers, "num_loops": shape.num_loops,
         "num_kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim,
         "bytes_per_token": per_tok, "bf16_bytes_per_token": bf16,
         "compression_ratio": bf16 / per_tok,
         "effective_bits": layout.effective_bits(shape, cfg),
         "decode_read_bytes_per_token": layout.decode_read_bytes_per_token(shape, cfg),
-        "staging_bytes": staging, "staging_tokens": args.staging_tokens,
+        "staging_bytes": staging, "staging_tokens": staging_tokens,
         "rotation_bytes": layout.rotation_bytes(shape, cfg),
         "memory_gb": args.memory_gb, "tokens_in_budget": None, "bf16_tokens_in_budget": None,
     }
     if args.memory_gb is not None:
         budget = int(args.memory_gb * (1 << 30))
         out["tokens_in_budget"] = layout.tokens_in_budget(
-            shape, cfg, budget_bytes=budget, staging_tokens=args.staging_tokens)
+            shape, cfg, budget_bytes=budget, staging_tokens=staging_tokens)
         out["bf16_tokens_in_budget"] = budget // bf16
     if args.json:
         print(json.dumps(out))
         return 0
-    print(f"model: {shape.num_layers} layers x {shape.num_loops} loops, {shape.num_kv_heads} KV heads, "
-          f"head_dim {shape.head_dim}")
+    rank = f" per rank of {args.tp_size}" if args.tp_size > 1 else ""
+    print(f"model: {shape.num_layers} layers x {shape.num_loops} loops, {shape.num_kv_heads} KV heads"
+          f"{rank}, head_dim {shape.head_dim}")
     print(f"format: {out['kv_format']}")
-    print(f"bytes/token: {per_tok:,} (BF16 {bf16:,}, {out['compression_ratio']:.2f}x smaller)")
+    print(f"bytes/token{rank}: {per_tok:,} (BF16 {bf16:,}, {out['compression_ratio']:.2f}x smaller)")
     print(f"effective bits/element: {out['effective_bits']:.3f}")
     print(f"decode bytes read/token: {out['decode_read_bytes_per_token']:,}")
-    print(f"fixed: staging {staging:,} B for {args.staging_tokens} tokens, "
+    print(f"fixed: staging {staging:,} B for {staging_tokens} tokens, "
           f"rotation {out['rotation_bytes']:,} B")
     if args.memory_gb is not None:
         print(f"tokens in {args.memory_gb} GiB: {out['tokens_in_budget']:,} "

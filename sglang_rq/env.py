@@ -69,6 +69,6 @@ RQ_CANARY = EnvVar("SGLANG_RQ_CANARY", _bool, True,
 RQ_CANARY_FILE = EnvVar("SGLANG_RQ_CANARY_FILE", str, "",
                         "canary spec JSON (default: <model-path>/canary.json, else generation-only)")
 RQ_DATA_DIR = EnvVar("SGLANG_RQ_DATA_DIR", str, "",
-                     "evaluation/calibration data directory (default: ../shared/data beside the checkout)")
+                     "evaluation/calibration data directory (else shared/data next to a source checkout)")
 PROMETHEUS_MULTIPROC_DIR = EnvVar("PROMETHEUS_MULTIPROC_DIR", str, "",
                                   "set by SGLang --enable-metrics; sglang-rq metrics are off without it")

@@ -18,8 +18,7 @@ from pathlib import Path
 
 from sglang_rq import env
 from sglang_rq.config import RQConfig, RQConfigError, add_cli_args
-
-EMBEDDED_MODEL = Path(__file__).resolve().parent / "assets" / "mini-ouro"
+from sglang_rq.models.embedded import EMBEDDED_MODEL
 CPU_SHIMS = Path(__file__).resolve().parent / "_cpu_shims"
 CPU_DEFAULTS = {"--max-total-tokens": "16384", "--max-running-requests": "32",
                 "--chunked-prefill-size": "2048"}
@@ -212,12 +211,11 @@ def validate_against_model(cfg: RQConfig, model_path: str) -> None:
     config = Path(model_path) / "config.json"
     if not cfg.enabled or not config.is_file():
         return
-    from sglang_rq.cli import model_shape_from_config
     from sglang_rq.config import ROTATION_CHOICES
-    from sglang_rq.layout import loop_segments
+    from sglang_rq.layout import ModelKVShape, loop_segments
     from sglang_rq.rotation import build_rotation
 
-    shape = model_shape_from_config(str(config))
+    shape = ModelKVShape.from_hf_config(config)
     loop_segments(shape, cfg)
     if cfg.rotation not in ROTATION_CHOICES:
         build_rotation(cfg, num_layers=shape.num_layers, num_kv_heads=shape.num_kv_heads,

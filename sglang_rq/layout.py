@@ -1,8 +1,11 @@
 """Byte accounting and the per-token layout of the compressed KV cache.
 
-This module is the single owner of the bytes-per-token arithmetic. The pool allocates its
-buffers from `loop_segments`, SGLang's cell size is `kv_bytes_per_token`, the CLI
-(`sglang-rq kv-size`) and the Prometheus gauges print the same numbers.
+This module is the single owner of the bytes-per-token arithmetic and of the model's KV shape.
+The pool allocates its buffers from `loop_segments`, SGLang's cell size is `kv_bytes_per_token`,
+the CLI (`sglang-rq kv-size`) and the Prometheus gauges print the same numbers. The shape is
+read from a config only by `ModelKVShape.from_hf_config` / `from_model_config`; the (loop, layer)
+slot mapping is `kv_slot` / `loop_and_layer`; the staging size is `staging_tokens`. No SGLang
+import: the plugin passes SGLang's objects and sizes in.
 
 Per (token, physical layer, K-or-V, KV head) and loop ``i`` stored with ``b`` bits in groups of
 ``g`` along ``head_dim = D`` (DESIGN.md section 1, "Bit accounting"):
@@ -19,7 +22,11 @@ per token 198 * 2 * 16 * 24 = 152,064 B versus 4 * 2 * 16 * 24 * 128 * 2 = 786,4
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from sglang_rq.config import RQConfig, RQConfigError
 
@@ -49,6 +56,113 @@ class ModelKVShape:
     def elements_per_token(self) -> int:
         """K and V elements per token over all layers and loops."""
         return 2 * self.num_layers * self.num_loops * self.num_kv_heads * self.head_dim
+
+    @classmethod
+    def from_hf_config(cls, path_or_dict: str | Path | Mapping[str, Any], *,
+                       tp_size: int = 1) -> ModelKVShape:
+        """The shape from a Hugging Face ``config.json`` (Ouro, Llama-family, Nanbeige/LoopCoder
+        loops), with the KV heads of one of ``tp_size`` tensor-parallel ranks.
+
+        Parameters
+        ----------
+        path_or_dict
+            A ``config.json`` file, the model directory holding it, or the parsed dict.
+        tp_size
+            Attention tensor-parallel ranks the KV heads are split over.
+
+        Raises
+        ------
+        RQConfigError
+            If the file is missing or lacks a field (names the file and field), or ``tp_size``
+            does not divide the KV heads.
+        """
+        where = "config"
+        if isinstance(path_or_dict, Mapping):
+            hf = path_or_dict
+        else:
+            path = Path(path_or_dict)
+            path = path / "config.json" if path.is_dir() else path
+            where = f"--model-config={path}"
+            try:
+                hf = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                raise RQConfigError(f"{where}: cannot read a JSON config ({exc})") from exc
+        try:
+            heads = hf["num_attention_heads"]
+            total_kv = hf.get("num_key_value_heads") or heads
+            return cls(num_layers=hf["num_hidden_layers"], num_loops=_num_loops(hf.get),
+                       num_kv_heads=_heads_per_rank(total_kv, tp_size),
+                       head_dim=hf.get("head_dim") or hf["hidden_size"] // heads)
+        except KeyError as exc:
+            raise RQConfigError(f"{where}: missing field {exc}") from exc
+
+    @classmethod
+    def from_model_config(cls, model_config: Any, *, tp_size: int) -> ModelKVShape:
+        """The shape on one rank from SGLang's ``ModelConfig`` (no SGLang import here: the
+        plugin passes the attention tensor-parallel size ``tp_size``).
+
+        Raises
+        ------
+        RQConfigError
+            When ``tp_size`` does not divide the model's KV heads (SGLang would replicate
+            heads, which the per-rank rotation and byte accounting do not model).
+        """
+        hf = model_config.hf_config
+        _heads_per_rank(model_config.get_total_num_kv_heads(), tp_size)
+        return cls(num_layers=hf.num_hidden_layers,
+                   num_loops=_num_loops(lambda key: getattr(hf, key, None)),
+                   num_kv_heads=model_config.get_num_kv_heads(tp_size),
+                   head_dim=model_config.head_dim)
+
+
+LOOP_COUNT_FIELDS = ("total_ut_steps", "num_loops", "loop_num")
+"""Config fields that count loops: Ouro, Nanbeige (and SGLang's alias), IQuest LoopCoder."""
+
+
+def _num_loops(lookup: Callable[[str], Any]) -> int:
+    for key in LOOP_COUNT_FIELDS:
+        if lookup(key):
+            return int(lookup(key))
+    return 1
+
+
+def _heads_per_rank(total_kv_heads: int, tp_size: int) -> int:
+    if tp_size < 1 or total_kv_heads % tp_size:
+        raise RQConfigError(f"--tp-size {tp_size} does not divide the model's {total_kv_heads} KV "
+                            "heads; the ResidualQuant pool shards KV heads across ranks (or pass "
+                            "--rq-disable)")
+    return total_kv_heads // tp_size
+
+
+def kv_slot(loop_id: int, layer_id: int, num_layers: int) -> int:
+    """SGLang's ``layer_id`` of KV slot ``(loop_id, layer_id)``: loops outer, layers inner."""
+    return loop_id * num_layers + layer_id
+
+
+def loop_and_layer(slot: int, num_layers: int) -> tuple[int, int]:
+    """Inverse of `kv_slot`: ``(loop_id, layer_id)`` of SGLang's ``layer_id`` ``slot``."""
+    return divmod(slot, num_layers)
+
+
+DEFAULT_MAX_RUNNING_REQUESTS = 4096
+"""Decode batch assumed for staging when ``--max-running-requests`` is unset (SGLang derives it
+from the pool later, after the staging buffer is sized)."""
+
+
+def staging_tokens(*, chunked_prefill_size: int | None, max_prefill_tokens: int,
+                   max_running_requests: int | None, enable_mixed_chunk: bool) -> int:
+    """Tokens one forward can carry, the size of the BF16 staging buffer: the largest prefill
+    chunk or decode batch, plus the decode batch when chunks are mixed with decodes.
+
+    Parameters are SGLang's server flags of the same names; ``chunked_prefill_size`` unset or
+    ``<= 0`` means chunks of ``max_prefill_tokens``, ``max_running_requests`` unset means
+    `DEFAULT_MAX_RUNNING_REQUESTS`.
+    """
+    chunk = chunked_prefill_size or 0
+    if chunk <= 0:
+        chunk = max_prefill_tokens
+    running = max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS
+    return max(chunk, running) + (running if enable_mixed_chunk else 0)
 
 
 @dataclass(frozen=True)

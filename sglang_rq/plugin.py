@@ -167,43 +167,32 @@ def _pool_cls_hook(original, self, *, kind):
 # ----------------------------------------------------------------------------- helpers
 def model_kv_shape(model_config):
     """`ModelKVShape` of an SGLang ``ModelConfig`` on this rank: KV heads divided by the
-    attention tensor-parallel size (as SGLang's own cell size and pool do); loops from
-    ``num_loops``.
+    attention tensor-parallel size (as SGLang's own cell size and pool do).
 
     Raises
     ------
     RQConfigError
-        When ``--tp-size`` does not divide the model's KV heads (SGLang would replicate heads,
-        which the per-rank rotation and byte accounting do not model).
+        When ``--tp-size`` does not divide the model's KV heads (`ModelKVShape.from_model_config`).
     """
     from sglang.srt.runtime_context import get_parallel
 
     from sglang_rq.layout import ModelKVShape
 
-    hf = model_config.hf_config
-    tp = get_parallel().attn_tp_size
-    total = model_config.get_total_num_kv_heads()
-    if total % tp:
-        raise RQConfigError(f"--tp-size {tp} does not divide the model's {total} KV heads; the "
-                            "ResidualQuant pool shards KV heads across ranks (or pass --rq-disable)")
-    return ModelKVShape(
-        num_layers=hf.num_hidden_layers,
-        num_loops=int(getattr(hf, "num_loops", 1) or 1),
-        num_kv_heads=model_config.get_num_kv_heads(tp),
-        head_dim=model_config.head_dim,
-    )
+    return ModelKVShape.from_model_config(model_config, tp_size=get_parallel().attn_tp_size)
 
 
 def staging_tokens_for(server_args) -> int:
-    """Tokens one forward can carry: the largest prefill chunk or decode batch (+ both if mixed)."""
+    """`layout.staging_tokens` of SGLang's ``ServerArgs``, unless ``SGLANG_RQ_STAGING_TOKENS``
+    (``--rq-staging-tokens``) overrides it."""
+    from sglang_rq.layout import staging_tokens
+
     override = env.RQ_STAGING_TOKENS.get()
     if override:
         return override
-    chunk = server_args.chunked_prefill_size or 0
-    if chunk <= 0:
-        chunk = server_args.max_prefill_tokens
-    running = server_args.max_running_requests or 4096
-    return max(chunk, running) + (running if server_args.enable_mixed_chunk else 0)
+    return staging_tokens(chunked_prefill_size=server_args.chunked_prefill_size,
+                          max_prefill_tokens=server_args.max_prefill_tokens,
+                          max_running_requests=server_args.max_running_requests,
+                          enable_mixed_chunk=server_args.enable_mixed_chunk)
 
 
 def validate_server_args(args) -> None:

@@ -38,7 +38,7 @@ def prompt_ids() -> list[list[int]]:
     """`PROMPTS` as token ids of the embedded tokenizer, BOS (id 1) first, lengths 6-24."""
     from tokenizers import Tokenizer
 
-    from sglang_rq.launch_server import EMBEDDED_MODEL
+    from sglang_rq.models.embedded import EMBEDDED_MODEL
 
     tok = Tokenizer.from_file(str(EMBEDDED_MODEL / "tokenizer.json"))
     return [[1] + tok.encode(p).ids for p in PROMPTS]

@@ -72,11 +72,10 @@ def _image_exists(tag: str) -> bool:
 def _expected_bytes_per_token() -> int:
     """What the image's /metrics must say: layout's number for the embedded model, default format."""
     from sglang_rq import layout
-    from sglang_rq.cli import model_shape_from_config
     from sglang_rq.config import RQConfig
-    from sglang_rq.launch_server import EMBEDDED_MODEL
+    from sglang_rq.models.embedded import EMBEDDED_MODEL
 
-    shape = model_shape_from_config(str(EMBEDDED_MODEL / "config.json"))
+    shape = layout.ModelKVShape.from_hf_config(EMBEDDED_MODEL)
     return layout.kv_bytes_per_token(shape, RQConfig())
 
 

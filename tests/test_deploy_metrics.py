@@ -25,7 +25,7 @@ import pytest
 import requests
 
 from sglang_rq.canary import CanarySpec, record
-from sglang_rq.launch_server import EMBEDDED_MODEL
+from sglang_rq.models.embedded import EMBEDDED_MODEL
 from sglang_rq.models.ouro_reference import tiny_config, write_random_checkpoint
 from tests.server import Server
 

@@ -15,7 +15,7 @@ import threading
 import pytest
 import requests
 
-from sglang_rq.launch_server import EMBEDDED_MODEL
+from sglang_rq.models.embedded import EMBEDDED_MODEL
 from tests.server import Server
 
 pytestmark = pytest.mark.engine
@@ -105,10 +105,11 @@ def test_rq_output_agrees_with_bf16(servers):
     from sglang_rq.quality import data, harness, metrics
 
     rq, bf16 = servers
-    if not (data.DEFAULT_DATA_DIR / "literature").exists():
-        pytest.skip(f"held-out text not found under {data.DEFAULT_DATA_DIR}")
+    data_dir = data.data_dir_with("literature")
+    if data_dir is None:
+        pytest.skip("no data directory with literature (SGLANG_RQ_DATA_DIR or ../shared/data)")
     tok = data.load_tokenizer(str(EMBEDDED_MODEL))
-    docs = data.documents("pride", data.DEFAULT_DATA_DIR, tok, num_docs=3, doc_tokens=400, bos_id=0)
+    docs = data.documents("pride", data_dir, tok, num_docs=3, doc_tokens=400, bos_id=0)
     # positions after the first 128-token prefill chunk: their context is the compressed cache
     ref = harness.score_documents(bf16.url, docs, top_k=20, score_from=129)
     got = harness.score_documents(rq.url, docs, top_k=20, score_from=129)
@@ -135,10 +136,10 @@ def test_rq_output_agrees_with_bf16(servers):
 def test_task_runner_against_rq_server(servers, task, tmp_path):
     """`sglang-rq tasks` end to end against the RQ server (accuracy of a 19M model is not asserted)."""
     from sglang_rq.quality import tasks
-    from sglang_rq.quality.data import DEFAULT_DATA_DIR
+    from sglang_rq.quality.data import data_dir_with
 
-    if not (DEFAULT_DATA_DIR / task).exists():
-        pytest.skip(f"{DEFAULT_DATA_DIR / task} not found")
+    if data_dir_with(task) is None:
+        pytest.skip(f"no data directory with {task} (SGLANG_RQ_DATA_DIR or ../shared/data)")
     rq, _ = servers
     out = tmp_path / f"{task}.json"
     assert tasks.main(["--url", rq.url, "--task", task, "--limit", "2", "--max-tokens", "48",

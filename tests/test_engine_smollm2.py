@@ -31,10 +31,11 @@ def checkpoint():
 
 @pytest.fixture(scope="module")
 def docs(checkpoint):
-    if not (data.DEFAULT_DATA_DIR / "wikitext2").exists():
-        pytest.skip(f"WikiText-2 not found under {data.DEFAULT_DATA_DIR}")
+    data_dir = data.data_dir_with("wikitext2")
+    if data_dir is None:
+        pytest.skip("no data directory with wikitext2 (SGLANG_RQ_DATA_DIR or ../shared/data)")
     tok = data.load_tokenizer(str(checkpoint))
-    return data.documents("wikitext2", data.DEFAULT_DATA_DIR, tok, num_docs=2, doc_tokens=256, bos_id=0)
+    return data.documents("wikitext2", data_dir, tok, num_docs=2, doc_tokens=256, bos_id=0)
 
 
 def _serve(checkpoint, tmp_path, name, extra):

@@ -38,7 +38,8 @@ def test_format_is_checked_against_the_model_before_weights_load(tmp_path):
     """Loop bits vs the embedded model's 4 loops, and a missing rotation file, are refused from
     config.json alone (the pool would refuse them too, but only after the weights load)."""
     from sglang_rq.config import RQConfig, RQConfigError
-    from sglang_rq.launch_server import EMBEDDED_MODEL, validate_against_model
+    from sglang_rq.launch_server import validate_against_model
+    from sglang_rq.models.embedded import EMBEDDED_MODEL
 
     validate_against_model(RQConfig(), str(EMBEDDED_MODEL))  # the default format fits
     with pytest.raises(RQConfigError, match="--rq-loop-bits gives 2 widths .* 4 loops"):

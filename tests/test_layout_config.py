@@ -132,3 +132,86 @@ def test_kv_size_cli_json(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "sglang_rq.cli", "kv-size", "--model-config", str(cfg),
                           "--rq-group-size", "48"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--rq-group-size=48" in bad.stderr
+
+
+def test_model_kv_shape_from_hf_config_and_tensor_parallel(tmp_path):
+    from sglang_rq.layout import ModelKVShape
+
+    hf = {"num_hidden_layers": 24, "total_ut_steps": 4, "hidden_size": 2048,
+          "num_attention_heads": 16, "num_key_value_heads": 16}
+    assert ModelKVShape.from_hf_config(hf) == OURO_1_4B
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    assert ModelKVShape.from_hf_config(tmp_path) == OURO_1_4B  # a model directory
+    assert ModelKVShape.from_hf_config(tmp_path / "config.json", tp_size=4).num_kv_heads == 4
+    with pytest.raises(RQConfigError, match="--tp-size 3 does not divide the model's 16 KV heads"):
+        ModelKVShape.from_hf_config(hf, tp_size=3)
+    # loop count fields of other looped families; plain models have one loop
+    assert ModelKVShape.from_hf_config({**hf, "total_ut_steps": None, "loop_num": 2}).num_loops == 2
+    plain = {k: v for k, v in hf.items() if k != "total_ut_steps"}
+    assert ModelKVShape.from_hf_config(plain).num_loops == 1
+    with pytest.raises(RQConfigError, match="missing field 'num_hidden_layers'"):
+        ModelKVShape.from_hf_config({"num_attention_heads": 16})
+    with pytest.raises(RQConfigError, match="cannot read a JSON config"):
+        ModelKVShape.from_hf_config(tmp_path / "missing.json")
+
+
+def test_model_kv_shape_from_sglang_model_config():
+    from types import SimpleNamespace
+
+    from sglang_rq.layout import ModelKVShape
+
+    class FakeModelConfig:  # the four members of SGLang's ModelConfig the shape reads
+        hf_config = SimpleNamespace(num_hidden_layers=24, num_loops=4)
+        head_dim = 128
+
+        def get_total_num_kv_heads(self):
+            return 16
+
+        def get_num_kv_heads(self, tp):
+            return 16 // tp
+
+    assert ModelKVShape.from_model_config(FakeModelConfig(), tp_size=1) == OURO_1_4B
+    assert ModelKVShape.from_model_config(FakeModelConfig(), tp_size=2).num_kv_heads == 8
+    with pytest.raises(RQConfigError, match="--tp-size 5"):
+        ModelKVShape.from_model_config(FakeModelConfig(), tp_size=5)
+
+
+def test_kv_slot_round_trip():
+    from sglang_rq.layout import kv_slot, loop_and_layer
+
+    assert kv_slot(2, 5, 24) == 53
+    assert [loop_and_layer(kv_slot(u, li, 3), 3) for u in range(4) for li in range(3)] == [
+        (u, li) for u in range(4) for li in range(3)]
+
+
+def test_staging_tokens_from_sglang_flags():
+    from sglang_rq.layout import staging_tokens
+
+    base = dict(chunked_prefill_size=2048, max_prefill_tokens=16384, max_running_requests=32,
+                enable_mixed_chunk=False)
+    assert staging_tokens(**base) == 2048
+    assert staging_tokens(**{**base, "enable_mixed_chunk": True}) == 2048 + 32
+    assert staging_tokens(**{**base, "chunked_prefill_size": -1}) == 16384  # no chunking
+    assert staging_tokens(**{**base, "chunked_prefill_size": 8192,
+                             "max_running_requests": None}) == 8192  # unset: 4096 requests
+
+
+def test_kv_size_cli_takes_the_serving_flags(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"num_hidden_layers": 24, "total_ut_steps": 4, "hidden_size": 2048,
+                               "num_attention_heads": 16, "num_key_value_heads": 16}))
+
+    def kv_size(*flags):
+        out = subprocess.run([sys.executable, "-m", "sglang_rq.cli", "kv-size", "--model-config",
+                              str(cfg), "--json", *flags], capture_output=True, text=True, check=True)
+        return json.loads(out.stdout)
+
+    default = kv_size()
+    assert default["staging_tokens"] == 8192  # SGLang's chunk on a 60-160 GB GPU
+    mixed = kv_size("--chunked-prefill-size", "2048", "--max-running-requests", "64",
+                    "--enable-mixed-chunk")
+    assert mixed["staging_tokens"] == 2048 + 64
+    assert mixed["staging_bytes"] == staging_bytes(OURO_1_4B, RQConfig(), staging_tokens=2112)
+    assert kv_size("--staging-tokens", "100", "--chunked-prefill-size", "2048")["staging_tokens"] == 100
+    tp4 = kv_size("--tp-size", "4")
+    assert tp4["num_kv_heads"] == 4 and tp4["bytes_per_token"] == 152_064 // 4

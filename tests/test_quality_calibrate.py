@@ -10,7 +10,7 @@ import torch
 
 from sglang_rq.config import RQConfig
 from sglang_rq.quality import calibrate
-from sglang_rq.quality.data import DEFAULT_DATA_DIR
+from sglang_rq.quality.data import data_dir_with
 from sglang_rq.rotation import build_rotation, hadamard_matrix
 
 
@@ -39,7 +39,8 @@ def test_learned_rotation_orthogonal_and_no_worse_than_hadamard():
     assert calibrate.objective(targets, learned, 16) <= calibrate.objective(targets, r0, 16)
 
 
-@pytest.mark.skipif(not (DEFAULT_DATA_DIR / "gsm8k").exists(), reason="shared/data not beside the checkout")
+@pytest.mark.skipif(data_dir_with("gsm8k") is None,
+                    reason="no data directory with gsm8k (SGLANG_RQ_DATA_DIR or ../shared/data)")
 def test_calibrate_command_writes_a_loadable_rotation(tmp_path, capsys):
     out = tmp_path / "rot.safetensors"
     assert calibrate.main(["--windows", "2", "--window-tokens", "16", "--steps", "3",

@@ -91,13 +91,14 @@ def test_documents_are_consecutive_windows():
         def encode(self, text, add_special_tokens=False):
             return [ord(c) for c in text]
 
-    if not (data.DEFAULT_DATA_DIR / "wikitext2").exists():
-        pytest.skip(f"{data.DEFAULT_DATA_DIR} not beside the checkout")
-    docs = data.documents("wikitext2", data.DEFAULT_DATA_DIR, Tok(), num_docs=3, doc_tokens=50, bos_id=0)
-    text = data.load_text("wikitext2", data.DEFAULT_DATA_DIR)
+    data_dir = data.data_dir_with("wikitext2")
+    if data_dir is None:
+        pytest.skip("no data directory with wikitext2 (SGLANG_RQ_DATA_DIR or ../shared/data)")
+    docs = data.documents("wikitext2", data_dir, Tok(), num_docs=3, doc_tokens=50, bos_id=0)
+    text = data.load_text("wikitext2", data_dir)
     assert [len(d) for d in docs] == [51] * 3
     assert "".join(chr(c) for d in docs for c in d[1:]) == text[:150]
     with pytest.raises(ValueError, match="--docs"):
-        data.documents("wikitext2", data.DEFAULT_DATA_DIR, Tok(), num_docs=10**6, doc_tokens=50, bos_id=0)
+        data.documents("wikitext2", data_dir, Tok(), num_docs=10**6, doc_tokens=50, bos_id=0)
     with pytest.raises(ValueError, match="--datasets"):
-        data.load_text("c4", data.DEFAULT_DATA_DIR)
+        data.load_text("c4", data_dir)

@@ -9,10 +9,11 @@ import re
 import pytest
 
 from sglang_rq.quality import tasks
-from sglang_rq.quality.data import DEFAULT_DATA_DIR
+from sglang_rq.quality.data import data_dir_with
 
-needs_data = pytest.mark.skipif(not (DEFAULT_DATA_DIR / "gsm8k").exists(),
-                                reason="shared/data not beside the checkout")
+DATA_DIR = data_dir_with("gsm8k")
+needs_data = pytest.mark.skipif(DATA_DIR is None, reason="no data directory with gsm8k "
+                                "(SGLANG_RQ_DATA_DIR or ../shared/data)")
 
 
 def test_gsm8k_extraction():
@@ -53,19 +54,19 @@ def test_program_runner_pass_fail_timeout():
 
 @needs_data
 def test_reference_solutions_grade_correct():
-    for row in tasks.load_problems("gsm8k", DEFAULT_DATA_DIR, 20):
+    for row in tasks.load_problems("gsm8k", DATA_DIR, 20):
         assert tasks.gsm8k_correct(tasks.extract_gsm8k(row["answer"]), row["answer"])
-    rows = tasks.load_problems("math500", DEFAULT_DATA_DIR, 500)
+    rows = tasks.load_problems("math500", DATA_DIR, 500)
     hits = sum(tasks.math_correct(tasks.last_boxed(r["solution"]), r["answer"]) for r in rows)
     assert hits / len(rows) > 0.9, hits  # boxed reference vs the answer field
-    for row in tasks.load_problems("humaneval", DEFAULT_DATA_DIR, 5):
+    for row in tasks.load_problems("humaneval", DATA_DIR, 5):
         program = f"{row['prompt']}{row['canonical_solution']}\n\n{row['test']}\n\ncheck({row['entry_point']})\n"
         assert tasks.run_program(program, 20)[0], row["task_id"]
-    for row in tasks.load_problems("mbpp", DEFAULT_DATA_DIR, 5):
+    for row in tasks.load_problems("mbpp", DATA_DIR, 5):
         assert row["task_id"] >= 11
         program = "\n".join([row.get("test_setup_code", ""), row["code"], *row["test_list"]])
         assert tasks.run_program(program, 20)[0], row["task_id"]
-    row = tasks.load_problems("mbpp", DEFAULT_DATA_DIR, 1)[0]
+    row = tasks.load_problems("mbpp", DATA_DIR, 1)[0]
     name = re.search(r"assert\s+\(?\s*(\w+)\(", row["test_list"][0]).group(1)
     broken = "\n".join([row["code"], f"def {name}(*a, **k):\n    return None", *row["test_list"]])
     assert not tasks.run_program(broken, 20)[0]
@@ -73,13 +74,13 @@ def test_reference_solutions_grade_correct():
 
 @needs_data
 def test_mbpp_prompt_is_three_shot():
-    shots = [json.loads(x) for x in (DEFAULT_DATA_DIR / "mbpp/mbpp.jsonl").read_text().splitlines()]
+    shots = [json.loads(x) for x in (DATA_DIR / "mbpp/mbpp.jsonl").read_text().splitlines()]
     shots = [r for r in shots if r["task_id"] in (2, 3, 4)]
-    row = tasks.load_problems("mbpp", DEFAULT_DATA_DIR, 1)[0]
+    row = tasks.load_problems("mbpp", DATA_DIR, 1)[0]
     prompt = tasks._mbpp_prompt(row, shots)
     assert prompt.count("[BEGIN]") == 4 and prompt.count("[DONE]") == 3 and prompt.endswith("[BEGIN]\n")
 
 
 def test_unknown_task_names_flag():
     with pytest.raises(ValueError, match="--task"):
-        tasks.load_problems("mmlu", DEFAULT_DATA_DIR, 1)
+        tasks.load_problems("mmlu", DATA_DIR, 1)

@@ -2,7 +2,8 @@
 """Train "mini-Ouro" (Ouro architecture, 4 loops, ~19M parameters) on the prepared token files.
 
 Imports only torch, numpy, safetensors and the repository's ``sglang_rq/models/ouro_config.py``
-and ``ouro_reference.py`` (the ``sample`` sub-command also needs ``tokenizers``), so it runs
+and ``ouro_reference.py`` (with the pure-Python ``sglang_rq/layout.py`` and ``config.py``; the
+``sample`` sub-command also needs ``tokenizers``), so it runs
 unchanged on the GPU machine with ``PYTHONPATH=.``.
 
 Sub-commands::

@@ -42,6 +42,7 @@ from sglang.srt.model_loader.weight_utils import default_weight_loader
 from sglang.srt.runtime_context import get_parallel
 from sglang.srt.utils import add_prefix
 
+from sglang_rq.layout import kv_slot
 from sglang_rq.models.exit_gate import exit_probabilities, select_exit_state
 
 EXIT_MODES = ("last", "step", "threshold", "weighted")
@@ -96,7 +97,7 @@ class OuroAttention(nn.Module):
         self.attn = nn.ModuleList(
             RadixAttention(self.num_heads, self.head_dim, self.head_dim**-0.5,
                            num_kv_heads=self.num_kv_heads,
-                           layer_id=loop * num_layers + layer_id,
+                           layer_id=kv_slot(loop, layer_id, num_layers),
                            quant_config=quant_config, prefix=add_prefix(f"attn.{loop}", prefix))
             for loop in range(config.total_ut_steps)
         )

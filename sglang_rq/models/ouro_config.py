@@ -159,8 +159,10 @@ class OuroConfig(PretrainedConfig):
         return self.total_ut_steps * self.num_hidden_layers
 
     def kv_slot(self, loop: int, layer: int) -> int:
-        """KV slot (SGLang ``layer_id``) of ``(loop, layer)``: ``loop * num_hidden_layers + layer``."""
-        return loop * self.num_hidden_layers + layer
+        """KV slot (SGLang ``layer_id``) of ``(loop, layer)`` (`sglang_rq.layout.kv_slot`)."""
+        from sglang_rq.layout import kv_slot
+
+        return kv_slot(loop, layer, self.num_hidden_layers)
 
 
 def register_ouro_config() -> None:

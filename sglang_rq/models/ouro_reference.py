@@ -36,7 +36,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .ouro_config import OURO_ARCHITECTURE, OuroConfig
+from sglang_rq.layout import kv_slot
+from sglang_rq.models.ouro_config import OURO_ARCHITECTURE, OuroConfig
 
 EXIT_MODES = ("last", "step", "threshold", "weighted")
 SAFE_INDEX_NAME = "model.safetensors.index.json"
@@ -271,7 +272,7 @@ class OuroReferenceModel(nn.Module):
                 buf: list | None = [] if collect_kv else None
                 x = layer(x, cos, sin, buf)
                 if collect_kv:
-                    kv[u * n_layers + li] = buf[0]
+                    kv[kv_slot(u, li, n_layers)] = buf[0]
             x = self.model.norm(x)
             states.append(x)
         return states, kv

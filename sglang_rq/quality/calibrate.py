@@ -25,16 +25,19 @@ from pathlib import Path
 import torch
 
 from sglang_rq.config import RQConfig, add_cli_args
+from sglang_rq.layout import kv_slot
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from sglang_rq.launch_server import EMBEDDED_MODEL
-    from sglang_rq.quality.data import DEFAULT_DATA_DIR
+    from sglang_rq.models.embedded import EMBEDDED_MODEL
+    from sglang_rq.quality.data import resolve_data_dir
 
     p = argparse.ArgumentParser(prog="sglang-rq calibrate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-path", default=str(EMBEDDED_MODEL), help="Ouro checkpoint directory.")
-    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="Calibration data (default: $SGLANG_RQ_DATA_DIR, else shared/data next to "
+                        "the source checkout).")
     p.add_argument("--windows", type=int, default=4, help="Calibration windows (half prose, half GSM8K).")
     p.add_argument("--window-tokens", type=int, default=256)
     p.add_argument("--steps", type=int, default=150, help="Optimizer steps.")
@@ -47,6 +50,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--out={a.out} must end in .safetensors (the server's --rq-rotation loads it)")
     if a.windows < 2 or a.window_tokens < 8 or a.steps < 0:
         p.error("--windows >= 2, --window-tokens >= 8 and --steps >= 0 are required")
+    try:
+        a.data_dir = resolve_data_dir(a.data_dir)
+    except FileNotFoundError as exc:
+        p.error(str(exc))
     return a
 
 
@@ -86,7 +93,7 @@ def capture_kv(model, windows: list[list[int]]) -> torch.Tensor:
     for layer in range(L):
         loops = []
         for u in range(U):
-            k, v = kv[u * L + layer]  # [B, H, T, D]
+            k, v = kv[kv_slot(u, layer, L)]  # [B, H, T, D]
             loops.append(torch.stack([t.permute(0, 2, 1, 3).reshape(-1, t.shape[1], t.shape[3])
                                       for t in (k, v)]))
         rows.append(torch.stack(loops))

@@ -1,7 +1,13 @@
-"""Held-out evaluation text for ``sglang-rq eval``, tokenized with the served model's tokenizer.
+"""Held-out evaluation text for ``sglang-rq eval``, tokenized with the served model's tokenizer,
+and the one owner of where evaluation/calibration data lives (`resolve_data_dir`).
 
-Datasets (files under ``--data-dir``, default ``$SGLANG_RQ_DATA_DIR`` or ``../shared/data``
-beside the checkout):
+The data directory is ``--data-dir``, else ``$SGLANG_RQ_DATA_DIR``, else, only when this package
+is imported from a source checkout (a ``pyproject.toml`` beside ``sglang_rq/``), ``shared/data``
+next to that checkout (``../shared/data`` from the repository root: how CI and the project
+machines provide it). No other location is guessed; without one the commands stop with an error
+naming the flag and the variable.
+
+Datasets (files under the data directory):
 
 * ``pride``: Jane Austen, *Pride and Prejudice* (held out of the embedded model's training mix;
   see ``training/README.md``), LF line endings, from the first chapter heading.
@@ -16,7 +22,54 @@ from pathlib import Path
 from sglang_rq import env
 
 DATASETS = ("pride", "wikitext2")
-DEFAULT_DATA_DIR = Path(env.RQ_DATA_DIR.get() or Path(__file__).resolve().parents[3] / "shared" / "data")
+
+
+def checkout_data_dir() -> Path | None:
+    """``shared/data`` next to the source checkout this package is imported from, if both exist."""
+    repo = Path(__file__).resolve().parents[2]
+    candidate = repo.parent / "shared" / "data"
+    if (repo / "pyproject.toml").is_file() and candidate.is_dir():
+        return candidate
+    return None
+
+
+def default_data_dir() -> Path | None:
+    """``$SGLANG_RQ_DATA_DIR`` if set, else `checkout_data_dir` (None when neither applies).
+    Tests skip their data-dependent cases when this is None or lacks the dataset."""
+    value = env.RQ_DATA_DIR.get()
+    return Path(value) if value else checkout_data_dir()
+
+
+def data_dir_with(subdir: str) -> Path | None:
+    """`default_data_dir` if it holds ``subdir`` (a dataset folder), else None (tests skip)."""
+    root = default_data_dir()
+    return root if root is not None and (root / subdir).exists() else None
+
+
+def resolve_data_dir(data_dir: Path | str | None) -> Path:
+    """The data directory: ``data_dir`` (the ``--data-dir`` flag) if given, else `default_data_dir`.
+
+    Raises
+    ------
+    FileNotFoundError
+        When no directory is given or found, or the one given does not exist; the message
+        names ``--data-dir`` and ``SGLANG_RQ_DATA_DIR``.
+    """
+    if data_dir is not None:
+        where, path = f"--data-dir={data_dir}", Path(data_dir)
+    elif env.RQ_DATA_DIR.get():
+        where, path = f"{env.RQ_DATA_DIR.name}={env.RQ_DATA_DIR.get()}", Path(env.RQ_DATA_DIR.get())
+    else:
+        path = checkout_data_dir()
+        if path is None:
+            raise FileNotFoundError(
+                f"no evaluation data directory: pass --data-dir DIR or set {env.RQ_DATA_DIR.name} "
+                "(shared/data next to a source checkout is used when present)")
+        return path
+    if not path.is_dir():
+        raise FileNotFoundError(f"{where}: not a directory (pass --data-dir DIR or set "
+                                f"{env.RQ_DATA_DIR.name})")
+    return path
 
 
 def load_tokenizer(model_path: str | Path):

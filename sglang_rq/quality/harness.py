@@ -32,7 +32,7 @@ from sglang_rq.quality import data, ladder, metrics
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from sglang_rq.launch_server import EMBEDDED_MODEL
+    from sglang_rq.models.embedded import EMBEDDED_MODEL
 
     p = argparse.ArgumentParser(prog="sglang-rq eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -41,7 +41,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help=f"Comma-separated names from {{{', '.join(ladder.FORMATS)}}}, 'ladder', 'all', "
                         "or rotation=PATH.safetensors. bf16 is always run first. Default %(default)s.")
     p.add_argument("--datasets", default="pride,wikitext2", help="Comma-separated: pride, wikitext2.")
-    p.add_argument("--data-dir", type=Path, default=data.DEFAULT_DATA_DIR)
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="Evaluation data (default: $SGLANG_RQ_DATA_DIR, else shared/data next to "
+                        "the source checkout).")
     p.add_argument("--docs", type=int, default=4, help="Documents per dataset.")
     p.add_argument("--doc-tokens", type=int, default=512, help="Tokens per document.")
     p.add_argument("--chunk", type=int, default=32, help="--chunked-prefill-size of the servers.")
@@ -69,7 +71,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                 raise ValueError(f"--datasets: unknown dataset {d!r}; choose from {', '.join(data.DATASETS)}")
         for name in a.format_names:
             ladder.rq_config(ladder.flags_for(name))
-    except ValueError as exc:
+        a.data_dir = data.resolve_data_dir(a.data_dir)
+    except (ValueError, FileNotFoundError) as exc:
         p.error(str(exc))
     return a
 
@@ -222,12 +225,12 @@ def plot(results: dict, path: Path) -> None:
 
 def main(argv: list[str]) -> int:
     """Entry point of ``sglang-rq eval``."""
-    from sglang_rq.cli import model_shape_from_config
+    from sglang_rq.layout import ModelKVShape
 
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     tok = data.load_tokenizer(args.model_path)
-    shape = model_shape_from_config(str(Path(args.model_path) / "config.json"))
+    shape = ModelKVShape.from_hf_config(Path(args.model_path) / "config.json")
     # documents start like training documents: after <|endoftext|> when the vocabulary has it
     eot = tok.convert_tokens_to_ids("<|endoftext|>")
     bos = eot if isinstance(eot, int) and eot != tok.unk_token_id else tok.bos_token_id

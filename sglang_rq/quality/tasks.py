@@ -218,7 +218,7 @@ def grade(task: str, row: dict, client: Client, *, timeout_s: float, mbpp_shots:
 
 def main(argv: list[str]) -> int:
     """Entry point of ``sglang-rq tasks``."""
-    from sglang_rq.quality.data import DEFAULT_DATA_DIR
+    from sglang_rq.quality.data import resolve_data_dir
 
     p = argparse.ArgumentParser(prog="sglang-rq tasks", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -229,12 +229,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--max-tokens", type=int, default=512)
     p.add_argument("--timeout-s", type=float, default=10.0, help="Wall-clock limit per program run.")
     p.add_argument("--model", default=None, help="Model name (default: first of /v1/models).")
-    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="Task data (default: $SGLANG_RQ_DATA_DIR, else shared/data next to the "
+                        "source checkout).")
     p.add_argument("--out", type=Path, default=None, help="Write per-problem results as JSON here.")
     a = p.parse_args(argv)
     if a.limit < 1 or a.concurrency < 1 or a.max_tokens < 1:
         p.error("--limit, --concurrency and --max-tokens must be >= 1")
     try:
+        a.data_dir = resolve_data_dir(a.data_dir)
         rows = load_problems(a.task, a.data_dir, a.limit)
         shots = ([r for r in (json.loads(x) for x in (a.data_dir / "mbpp/mbpp.jsonl").read_text().splitlines())
                   if r["task_id"] in (2, 3, 4)] if a.task == "mbpp" else [])

@@ -20,7 +20,7 @@ import json
 import pytest
 import torch
 
-from sglang_rq.launch_server import EMBEDDED_MODEL
+from sglang_rq.models.embedded import EMBEDDED_MODEL
 from tests.embedded_greedy import (NEW_TOKENS, greedy_mismatches, load_golden, prompt_ids,
                                    teacher_forced_mismatches)
 from tests.server import Server
@@ -99,8 +99,8 @@ def test_teacher_forced_agreement_matches_cpu(tmp_path_factory):
     within 35 % relative; the two runs differ only in summation order and kernels)."""
     from sglang_rq.quality import data
 
-    if not (data.DEFAULT_DATA_DIR / "literature").exists():
-        pytest.skip(f"held-out text not found under {data.DEFAULT_DATA_DIR}")
+    if data.data_dir_with("literature") is None:
+        pytest.skip("no data directory with literature (SGLANG_RQ_DATA_DIR or ../shared/data)")
     from sglang_rq.quality.harness import main as eval_main
 
     out = tmp_path_factory.mktemp("gpu-eval")
