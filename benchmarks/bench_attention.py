@@ -208,7 +208,7 @@ def run_prefill(results, fam, tokens):
           + f" | extend prefix {tokens}+chunk {tokens}: ours "
           + " ".join(f"L{i}={t * 1e3:.0f}us" for i, t in t_ext.items())
           + f" vs sdpa(prefix+chunk)={(t_full + t_causal) * 1e3:.0f}us", flush=True)
-    del view
+    view = None  # free the pool before the next shape (not `del`: the lambdas above close over it)
     torch.cuda.empty_cache()
 
 

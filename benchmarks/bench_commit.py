@@ -69,7 +69,7 @@ def main() -> None:
             f"{n} {row[n]['commit_ms'] * 1e3:7.1f}us ({row[n]['over_prefill'] * 100:.1f}%)"
             for n in VARIANTS), flush=True)
         write_json(res, a.out, "bench_commit.json")
-        del view
+        view = None  # free the pool (not `del`: the lambda above closes over it)
         if DEV == "cuda":
             torch.cuda.empty_cache()
 

@@ -49,7 +49,7 @@ def copy_bandwidth() -> float:
     b = torch.empty_like(a)
     ms = (triton.testing.do_bench(lambda: b.copy_(a), warmup=25, rep=100, return_mode="median")
           if DEV == "cuda" else bench(lambda: b.copy_(a)))
-    del a, b
+    a = b = None  # free the buffers (not `del`: the lambdas above close over them)
     return 2 * n / ms / 1e9
 
 

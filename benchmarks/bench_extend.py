@@ -69,7 +69,7 @@ def main() -> None:
                   + " | ".join(f"{n} {row[n]['avg_ms'] * 1e3:7.1f}us (x{row[n]['over_sdpa']:.2f})"
                                for n in VARIANTS), flush=True)
             write_json(res, a.out, "bench_extend.json")
-            del view
+            view = None  # free the pool (not `del`: the lambdas above close over it)
             if DEV == "cuda":
                 torch.cuda.empty_cache()
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attn_cases import queries
 
 from rq_kernels.commit import commit
 from rq_kernels.decode_v2 import decode_attention_v2
