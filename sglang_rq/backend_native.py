@@ -16,7 +16,7 @@ from torch.nn.functional import scaled_dot_product_attention
 
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
-from sglang_rq import metrics
+from sglang_rq import clipping, metrics
 from sglang_rq.layout import loop_and_layer
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ class RQNativeAttnBackend(TorchNativeAttnBackend):
         committed to the pool by the end of its last loop (a host shape, no device sync)."""
         super().init_forward_metadata(forward_batch)
         metrics.count_committed(int(forward_batch.out_cache_loc.shape[0]))
+        clipping.flush_for(forward_batch.token_to_kv_pool)
 
     def forward_extend(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch,
                        save_kv_cache: bool = True, **kwargs):

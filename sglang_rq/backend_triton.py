@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang_rq import metrics
+from sglang_rq import clipping, metrics
 from sglang_rq.backend_native import RQNativeAttnBackend
 from sglang_rq.kv_plan import kv_indices_capacity, plan_history
 from sglang_rq.layout import loop_and_layer
@@ -130,6 +130,7 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
                                              kv_indices=g.kv_indices, max_qo_len=1)
         if not in_capture:
             metrics.count_committed(bs)
+            clipping.flush_for(forward_batch.token_to_kv_pool)  # at most once a second
 
     def init_forward_metadata_in_graph(self, forward_batch: ForwardBatch) -> None:
         """Graph-recorded part: the decode plan into the static buffers (`plan_history`)."""

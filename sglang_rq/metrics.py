@@ -33,7 +33,10 @@ Families (``sglang_rq_`` prefix, base units in names, ``_total`` on counters):
 ``sglang_rq_committed_tokens_total``                tokens quantized into the pool
 ``sglang_rq_nonfinite_attention_outputs_total``     tokens whose attention output had NaN/Inf
 ``sglang_rq_fallbacks_total{path}``                 reference-codec fallbacks on a kernel device
-``sglang_rq_canary_*``                              readiness canary (see `sglang_rq.canary`)
+``sglang_rq_canary_*``                              readiness canary (see `sglang_rq.canary`),
+                                                    ``canary_saturated`` 1 while it queues
+``sglang_rq_clipped_groups_total{layer}``           K/V groups whose FP8 scale/offset saturated
+                                                    at commit (`sglang_rq.clipping`)
 ``sglang_rq_portable_ops{op,impl}``                 1 per ``sgl_kernel`` op substituted in
                                                     portable CUDA mode (`sglang_rq.portable`)
 ==================================================  ===========================================
@@ -54,7 +57,7 @@ if TYPE_CHECKING:
 
 PREFIX = "sglang_rq_"
 FALLBACK_PATHS = ("commit", "attention")
-CANARY_RESULTS = ("pass", "wrong_answer", "error")
+CANARY_RESULTS = ("pass", "wrong_answer", "error", "saturated")
 INFO_LABELS = ("enabled", "format", "loop_bits", "group_size", "anchor", "lsq", "rotation",
                "num_loops", "num_layers", "num_kv_heads", "head_dim", "page_size")
 
@@ -255,10 +258,15 @@ def _canary_families() -> dict[str, Any] | None:
                 "matched": Gauge(PREFIX + "canary_matched_tokens",
                                  "Leading tokens of the last canary answer equal to the expected.",
                                  multiprocess_mode="mostrecent"),
+                "saturated": Gauge(PREFIX + "canary_saturated",
+                                   "1 while the canary is queued behind other requests "
+                                   "(readiness keeps the last completed verdict).",
+                                   multiprocess_mode="mostrecent"),
             }
             for result in CANARY_RESULTS:
                 _canary["runs"].labels(result=result)
             _canary["ok"].set(0)
+            _canary["saturated"].set(0)
     return _canary
 
 
@@ -268,13 +276,46 @@ def init_canary_metrics() -> None:
 
 
 def record_canary(*, result: str, latency_s: float, matched_tokens: int, now_s: float) -> None:
-    """Record one canary run (``result`` in `CANARY_RESULTS`)."""
+    """Record one canary run (``result`` in `CANARY_RESULTS`).
+
+    ``saturated`` (queued behind load, not judged) sets ``canary_saturated`` = 1 and leaves
+    ``canary_ok``, the latency and the matched tokens of the last completed canary as they are.
+    """
     fams = _canary_families()
     if fams is None:
         return
     fams["runs"].labels(result=result).inc()
+    fams["saturated"].set(1 if result == "saturated" else 0)
+    if result == "saturated":
+        return
     fams["ok"].set(1 if result == "pass" else 0)
     fams["latency"].set(latency_s)
     fams["matched"].set(matched_tokens)
     if result == "pass":
         fams["last_pass"].set(now_s)
+
+
+# ----------------------------------------------------------------------------- clipping
+_clipped: Any = None
+
+
+def init_clipped_groups(num_layers: int) -> None:
+    """Create ``sglang_rq_clipped_groups_total{layer}`` with every layer at 0."""
+    global _clipped
+    if not enabled():
+        return
+    with _lock:
+        if _clipped is None:
+            from prometheus_client import Counter
+
+            _clipped = Counter(PREFIX + "clipped_groups",
+                               "K/V groups committed with an FP8 scale or offset at its +-448 "
+                               "limit (values clipped), by physical layer.", ("layer",))
+    for layer in range(num_layers):
+        _clipped.labels(layer=str(layer))
+
+
+def count_clipped_groups(*, layer: int, num: int) -> None:
+    """Add ``num`` saturated groups of physical ``layer`` (host ints, from `ClipCounter`)."""
+    if _clipped is not None and num:
+        _clipped.labels(layer=str(layer)).inc(num)

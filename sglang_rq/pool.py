@@ -28,6 +28,7 @@ import torch
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
 from sglang_rq import metrics
+from sglang_rq.clipping import ClipCounter
 from sglang_rq.config import RQConfig
 from sglang_rq.layout import (
     ModelKVShape,
@@ -82,6 +83,7 @@ class RQTokenToKVPool(MHATokenToKVPool):
         rot = build_rotation(cfg, num_layers=n_layers, num_kv_heads=h, head_dim=d)
         self.rq_rotation = None if rot is None else rot.to(dev)
         self.group_len = cfg.group_len(shape.num_loops)
+        self.rq_clip = ClipCounter(num_layers=n_layers, num_loops=shape.num_loops, device=dev)
         self.group_views = [[self._group_view(layer, grp) for grp in range(shape.num_loops // self.group_len)]
                             for layer in range(n_layers)]
         # Tiny placeholders keep SGLang code that walks k_buffer/v_buffer pointer tables working.
@@ -174,8 +176,13 @@ class RQTokenToKVPool(MHATokenToKVPool):
             commit(k_loops, v_loops, loc, view)
         else:
             commit_reference(k_loops, v_loops, loc, view)
-        if (layer == self.rq_shape.num_layers - 1 and grp == len(self.group_views[layer]) - 1
-                and loc.is_cuda and not self.rq_use_kernels):
+        for i, meta in enumerate(view.meta):  # FP8 fields at +-448: clipped groups
+            if meta is not None:
+                self.rq_clip.add(layer=layer, loop=grp * self.group_len + i, meta_rows=meta[loc])
+        last = layer == self.rq_shape.num_layers - 1 and grp == len(self.group_views[layer]) - 1
+        if last and not loc.is_cuda:
+            self.rq_clip.flush(force=True)  # CPU: no sync to avoid; publish at once
+        if last and loc.is_cuda and not self.rq_use_kernels:
             metrics.count_fallback("commit")
         # NOTE: committed tokens are counted by the backends' per-forward hooks, which also run
         # on CUDA-graph replays (this body does not).

@@ -1,0 +1,96 @@
+"""Readiness decisions of the canary, as pure functions, and the worker-load query they use.
+
+A canary that waits behind other requests says nothing about the quantized path, so queueing
+alone must never make a worker unready (issue 13: a saturated fleet whose busiest workers turn
+unready sheds load onto the rest, which then fail in turn). The rules:
+
+* only a *completed* answer is judged: right => ``pass``, wrong => ``wrong_answer`` (unready at
+  once);
+* a canary still pending (or timed out, or refused with 429/503) while the worker has other
+  requests running or queued => ``saturated``: readiness keeps the last completed verdict;
+* the same on an idle worker (nothing but the canary in flight), or any other failure (refused
+  connection, 4xx/5xx) => ``error``; ``ERROR_THRESHOLD`` in a row => unready;
+* an unknown load (``/v1/loads`` did not answer) counts as idle: a scheduler that cannot answer
+  a load query between two forwards is not merely busy.
+
+The load is SGLang 0.5.23's ``GET /v1/loads?include=core`` (``num_running_reqs`` and
+``num_waiting_reqs`` per DP rank): one round trip to the scheduler, answered between two
+forwards, available without ``--enable-metrics``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+OUTCOMES = ("pass", "wrong_answer", "error", "timeout", "pending", "overloaded")
+RESULTS = ("pass", "wrong_answer", "error", "saturated")
+ERROR_THRESHOLD = 3
+LOADS_TIMEOUT_S = 10.0
+
+
+def classify(*, outcome: str, queue_depth: int) -> str:
+    """The canary result (one of `RESULTS`) for one observation.
+
+    Parameters
+    ----------
+    outcome
+        What the canary request did: ``pass`` / ``wrong_answer`` (completed and judged),
+        ``error`` (refused connection, HTTP error other than 429/503, malformed reply),
+        ``timeout`` (client-side timeout), ``pending`` (still in flight when the wait ended),
+        ``overloaded`` (HTTP 429 or 503).
+    queue_depth
+        Requests running or waiting on the worker *other than the canary*; -1 when unknown.
+
+    Returns
+    -------
+    str
+        ``saturated`` for a canary that could not finish because the worker is busy, else
+        ``pass``, ``wrong_answer`` or ``error``.
+    """
+    if outcome not in OUTCOMES:
+        raise ValueError(f"unknown canary outcome {outcome!r}; expected one of {OUTCOMES}")
+    if outcome in ("pass", "wrong_answer", "error"):
+        return outcome
+    return "saturated" if queue_depth > 0 else "error"
+
+
+def is_ready(*, last_result: str | None, wrong: bool, errors_in_row: int,
+             seconds_since_pass: float, stale_after_s: float) -> tuple[bool, str]:
+    """``(ready, reason)`` from the canary's state (all inputs already reduced by the caller).
+
+    ``saturated`` results neither count as errors nor age the last pass: a worker that passed,
+    then stayed busy, stays ready for as long as it is busy.
+    """
+    if last_result is None:
+        return False, "canary has not run yet"
+    if wrong:
+        return False, "wrong answer on the quantized path"
+    if errors_in_row >= ERROR_THRESHOLD:
+        return False, f"{errors_in_row} canary errors in a row"
+    if seconds_since_pass > stale_after_s:
+        return False, "no recent passing canary"
+    if last_result == "saturated":
+        return True, "ok (saturated: canary queued behind load, last completed answer passed)"
+    return True, "ok"
+
+
+def queue_depth(url: str, *, api_key: str | None = None, exclude: int = 1) -> int:
+    """Requests running or waiting on the worker at ``url``, less ``exclude`` (the canary).
+
+    Returns -1 when ``/v1/loads`` does not answer within `LOADS_TIMEOUT_S`.
+    """
+    import requests
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        r = requests.get(url.rstrip("/") + "/v1/loads", params={"include": "core"},
+                         headers=headers, timeout=LOADS_TIMEOUT_S)
+        r.raise_for_status()
+        loads = r.json()["loads"]
+        total = sum(int(x["num_running_reqs"]) + int(x["num_waiting_reqs"]) for x in loads)
+    except Exception as exc:  # noqa: BLE001 - an unknown load is reported, not raised
+        logger.warning("sglang-rq canary: /v1/loads failed: %r", exc)
+        return -1
+    return max(0, total - exclude)

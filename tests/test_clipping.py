@@ -1,0 +1,69 @@
+"""Saturated FP8 scale/offset fields through the reference codec (issue 13 item 2), counts
+hand-derived; no server.
+
+One K head of ``D = 128`` with a single outlier ``a`` at coordinate ``j`` (V = 0), one loop
+(the 4-bit anchor, 15 levels), groups of 32, Hadamard rotation ``R = H / sqrt(128)`` with the
+Sylvester entries ``H[j, k] = (-1)^popcount(j & k)``. ``x @ R = a / sqrt(128) * H[j, :]``:
+
+* ``j = 5``: every group of 32 holds both signs, min = -a/sqrt(128). The offset is
+  ``fp8_down(min)``; the FP8 values next to -448 are -416 and -448, so the offset field is -448
+  (counted) iff a/sqrt(128) > 416, i.e. a > 4,705.6: 0 groups for 1e3 and 4.6e3 (406.6), all
+  4 for 5e3 (441.9, at the limit but not yet clipped), 1e4 and 1e5;
+* ``j = 0``: row 0 is all +1, so each group is constant a/sqrt(128) > 0: offset =
+  fp8_down(min(v, 448)) never reaches -448, and the scale (v - 448)/15 reaches the FP8 value
+  before 448 (416) only for v > 448 + 15*416 = 6,688, i.e. a > 75,659: 0 groups for 1e4, all 4
+  for 1e5 (v = 8,838.8).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from sglang_rq.clipping import ClipCounter, saturated_groups
+from sglang_rq.config import RQConfig
+from sglang_rq.layout import ModelKVShape, loop_segments
+from sglang_rq.reference import encode
+
+D, G = 128, 32
+
+
+def _hadamard() -> torch.Tensor:
+    idx = torch.arange(D)
+    bits = torch.tensor([[bin(int(j) & int(k)).count("1") for k in idx] for j in idx])
+    return ((-1.0) ** bits / D**0.5).float()
+
+
+@pytest.mark.parametrize("j,a,expected", [
+    (5, 1e3, 0), (5, 4.6e3, 0), (5, 5e3, 4), (5, 1e4, 4), (5, 1e5, 4), (5, -1e4, 4),
+    (0, 1e4, 0), (0, 1e5, 4),
+])
+def test_single_outlier_saturated_groups(j, a, expected):
+    cfg = RQConfig()
+    assert (cfg.rotation, cfg.rotate_anchor, cfg.group_size, cfg.anchor_bits) == \
+        ("hadamard", True, G, 4)
+    segs = loop_segments(ModelKVShape(num_layers=1, num_loops=1, num_kv_heads=1, head_dim=D),
+                         cfg)
+    x = torch.zeros(1, 1, 1, D)  # [num_loops, num_tokens, num_kv_heads, head_dim]
+    x[0, 0, 0, j] = a
+    (stored,) = encode(x, segments=segs, cfg=cfg, rotation=_hadamard().unsqueeze(0))
+    assert stored.meta.shape == (1, 1, D // G, 2)
+    assert int(saturated_groups(stored.meta).sum()) == expected
+
+
+def test_counter_per_layer_and_first_log(caplog):
+    c = ClipCounter(num_layers=3, num_loops=4, device="cpu")
+    meta = torch.zeros(2, 2, 1, 4, 2, dtype=torch.uint8)  # [n, K/V, H, D/g, (scale, offset)]
+    meta[0, 0, 0, 1, 1] = 0xFE  # offset -448
+    meta[1, 1, 0, 3, 0] = 0x7E  # scale 448
+    meta[1, 1, 0, 2, 0] = 0x7D  # scale 416: not at the limit
+    with caplog.at_level(logging.WARNING, logger="sglang_rq.clipping"):
+        c.add(layer=1, loop=2, meta_rows=meta)
+        assert c.flush(force=True) == [0, 2, 0]
+        c.add(layer=1, loop=3, meta_rows=meta)
+        assert c.flush(force=True) == [0, 4, 0]
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1  # first occurrence only
+    assert "layer 1" in warnings[0] and "loop(s) [2]" in warnings[0]
