@@ -48,7 +48,8 @@ from typing import Any
 from sglang_rq import env, metrics
 from sglang_rq.canary_spec import (  # noqa: F401 - re-exported: the canary's public names
     DEFAULT_PROMPTS, CanarySpec, load_spec_for, record, weights_fingerprint)
-from sglang_rq.readiness import ERROR_THRESHOLD, classify, is_ready, queue_depth
+from sglang_rq.readiness import (  # noqa: F401 - ERROR_THRESHOLD re-exported (tests)
+    ERROR_THRESHOLD, classify, is_ready, queue_depth)
 
 logger = logging.getLogger(__name__)
 

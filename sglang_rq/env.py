@@ -2,6 +2,9 @@
 
 The launcher turns ``--rq-*`` flags into these variables so that every SGLang process
 (engine, scheduler, detokenizer) sees the same configuration when the plugin loads.
+`TOOLING` names the variables that only the test suite and the scripts read (documented here
+so that one table, `markdown_table`, lists every ``SGLANG_RQ_*`` name; docs/structure.md holds
+it and ``tests/test_structure.py`` keeps it in step).
 """
 
 from __future__ import annotations
@@ -72,3 +75,58 @@ RQ_DATA_DIR = EnvVar("SGLANG_RQ_DATA_DIR", str, "",
                      "evaluation/calibration data directory (else shared/data next to a source checkout)")
 PROMETHEUS_MULTIPROC_DIR = EnvVar("PROMETHEUS_MULTIPROC_DIR", str, "",
                                   "set by SGLang --enable-metrics; sglang-rq metrics are off without it")
+RQ_TEST_STARTUP_TIMEOUT_S = EnvVar("SGLANG_RQ_TEST_STARTUP_TIMEOUT_S", float, 600.0,
+                                   "seconds `server_process.Server` waits for a server to answer")
+
+
+@dataclass(frozen=True)
+class ToolingVar:
+    """A variable read outside the package (tests, scripts, images): ``name``, ``default``,
+    ``help`` and ``read_by`` (the files that read it)."""
+
+    name: str
+    default: str
+    help: str
+    read_by: str
+
+
+TOOLING = (
+    ToolingVar("SGLANG_RQ_VENV", "~/.cache/sglang-rq/venv-<hash>", "the cached virtual environment",
+               "scripts/setup.sh"),
+    ToolingVar("SGLANG_RQ_IMAGE", "sglang-rq:cpu", "worker/router image of the compose stack",
+               "deploy/docker-compose.yml, tests/test_deploy_docker.py"),
+    ToolingVar("SGLANG_RQ_EXTRA_CA", "auto", "extra CA certificates baked into images (none: skip)",
+               "docker/build.sh"),
+    ToolingVar("SGLANG_RQ_DOCKER_OFFLINE", "", "1: build images without Docker Hub",
+               "docker/build.sh"),
+    ToolingVar("SGLANG_RQ_DOCKER_TESTS", "", "1: run the Docker image tests (minutes)",
+               "tests/test_deploy_docker.py"),
+    ToolingVar("SGLANG_RQ_DOCKER_BUILD", "1", "0: reuse existing images in the Docker tests",
+               "tests/test_deploy_docker.py"),
+    ToolingVar("SGLANG_RQ_UPDATE_CAPTURE", "", "1: rewrite the recorded /metrics captures",
+               "tests/test_deploy_metrics.py, tests/test_deploy_router.py"),
+    ToolingVar("SGLANG_RQ_RECORD_GOLDEN", "", "1: re-record the embedded model's greedy tokens",
+               "tests/test_engine_capacity.py"),
+    ToolingVar("SGLANG_RQ_TEST_BUNDLE", "", "1: build the real offline bundle from PyPI",
+               "tests/test_bundle_doctor.py"),
+)
+
+
+def registry() -> list[EnvVar]:
+    """Every `EnvVar` of this module, in definition order."""
+    return [v for v in globals().values() if isinstance(v, EnvVar)]
+
+
+def markdown_table() -> str:
+    """The table of every variable (package first, then `TOOLING`), as docs/structure.md holds it."""
+    rows = ["| Variable | Type | Default | Meaning | Read by |", "|---|---|---|---|---|"]
+    for v in registry():
+        kind = {"_bool": "bool"}.get(v.parse.__name__, v.parse.__name__)
+        rows.append(f"| `{v.name}` | {kind} | `{v.default!r}` | {_cell(v.help)} | `sglang_rq` |")
+    for t in TOOLING:
+        rows.append(f"| `{t.name}` | str | `{t.default!r}` | {_cell(t.help)} | {t.read_by} |")
+    return "\n".join(rows) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("<", "&lt;").replace(">", "&gt;")

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import requests
 
-STARTUP_TIMEOUT_S = float(os.environ.get("SGLANG_RQ_TEST_STARTUP_TIMEOUT_S", "600"))  # seconds
+from sglang_rq.env import RQ_TEST_STARTUP_TIMEOUT_S
+
+STARTUP_TIMEOUT_S = RQ_TEST_STARTUP_TIMEOUT_S.get()  # seconds
 
 
 def free_port() -> int:
