@@ -34,7 +34,7 @@ class RQNativeAttnBackend(TorchNativeAttnBackend):
         committed to the pool by the end of its last loop (a host shape, no device sync)."""
         super().init_forward_metadata(forward_batch)
         metrics.count_committed(int(forward_batch.out_cache_loc.shape[0]))
-        clipping.flush_for(forward_batch.token_to_kv_pool)
+        clipping.flush_for(self.token_to_kv_pool)
 
     def forward_extend(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch,
                        save_kv_cache: bool = True, **kwargs):

@@ -130,7 +130,7 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
                                              kv_indices=g.kv_indices, max_qo_len=1)
         if not in_capture:
             metrics.count_committed(bs)
-            clipping.flush_for(forward_batch.token_to_kv_pool)  # at most once a second
+            clipping.flush_for(self.token_to_kv_pool)  # at most once a second
 
     def init_forward_metadata_in_graph(self, forward_batch: ForwardBatch) -> None:
         """Graph-recorded part: the decode plan into the static buffers (`plan_history`)."""
