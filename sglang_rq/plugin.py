@@ -68,14 +68,18 @@ def register() -> None:
 
 
 def register_models() -> None:
-    """Register ``OuroForCausalLM`` with SGLang and ``OuroConfig`` with transformers."""
+    """Register the Ouro and Huginn models with SGLang and their configs with transformers."""
     from sglang.srt.models.registry import ModelRegistry
 
+    from sglang_rq.models.huginn import RavenForCausalLM
+    from sglang_rq.models.huginn_config import register_huginn_config
     from sglang_rq.models.ouro import OuroForCausalLM
     from sglang_rq.models.ouro_config import register_ouro_config
 
     register_ouro_config()
+    register_huginn_config()
     ModelRegistry.models["OuroForCausalLM"] = OuroForCausalLM
+    ModelRegistry.models["RavenForCausalLM"] = RavenForCausalLM
 
 
 def register_backends() -> None:
