@@ -197,11 +197,13 @@ def prepare_environment(argv: list[str]) -> list[str]:
     return rest
 
 
-def validate_against_model(cfg: RQConfig, model_path: str) -> None:
+def validate_against_model(cfg: RQConfig, model_path: str, *, tp_size: int = 1) -> None:
     """Check the KV format against the model's ``config.json`` before any weights load: loop
-    bits vs loop count, group size vs head_dim, loop groups (`layout.loop_segments`) and a
-    rotation file's presence, shape and orthogonality (`rotation.build_rotation`). A model
-    that is not a local directory (a hub id) is checked later, when the pool is built.
+    bits vs loop count, group size vs head_dim, loop groups (`layout.loop_segments`), KV heads
+    vs ``--tp-size`` (the pool shards heads across ranks) and a rotation file's presence,
+    shape and orthogonality (`rotation.build_rotation`; a file holds every head, so it is
+    refused with ``--tp-size`` > 1). A model that is not a local directory (a hub id) is
+    checked later, when the pool is built.
 
     Raises
     ------
@@ -215,8 +217,11 @@ def validate_against_model(cfg: RQConfig, model_path: str) -> None:
     from sglang_rq.layout import ModelKVShape, loop_segments
     from sglang_rq.rotation import build_rotation
 
-    shape = ModelKVShape.from_hf_config(config)
+    shape = ModelKVShape.from_hf_config(config, tp_size=tp_size)
     loop_segments(shape, cfg)
+    if cfg.rotation not in ROTATION_CHOICES and tp_size > 1:
+        raise RQConfigError(f"--rq-rotation={cfg.rotation} with --tp-size {tp_size}: rotation "
+                            "files are not sharded across ranks yet; use --rq-rotation hadamard")
     if cfg.rotation not in ROTATION_CHOICES:
         build_rotation(cfg, num_layers=shape.num_layers, num_kv_heads=shape.num_kv_heads,
                        head_dim=shape.head_dim)
@@ -246,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
         from sglang_rq.plugin import validate_server_args
 
         validate_server_args(server_args)  # before any weights load
-        validate_against_model(cfg, server_args.model_path)
+        validate_against_model(cfg, server_args.model_path, tp_size=server_args.tp_size)
     from sglang.srt.entrypoints.http_server import app
 
     from sglang_rq.canary import install

@@ -75,3 +75,18 @@ def test_cpu_tensor_parallel_is_refused_before_loading(clean_env):
         with pytest.raises(RQConfigError, match="--tp-size 2 is not supported on the CPU engine"):
             prepare_environment(argv)
     prepare_environment(["--tp-size", "1"])
+
+
+def test_tp_size_must_divide_kv_heads_before_weights_load(tmp_path):
+    """The embedded model has 4 KV heads: --tp-size 2 fits (2 per rank), 3 is refused from
+    config.json, and a rotation file (all heads) is refused with TP > 1."""
+    from sglang_rq.config import RQConfig, RQConfigError
+    from sglang_rq.launch_server import validate_against_model
+    from sglang_rq.models.embedded import EMBEDDED_MODEL
+
+    validate_against_model(RQConfig(), str(EMBEDDED_MODEL), tp_size=2)
+    with pytest.raises(RQConfigError, match="--tp-size 3 does not divide the model's 4 KV heads"):
+        validate_against_model(RQConfig(), str(EMBEDDED_MODEL), tp_size=3)
+    rot = EMBEDDED_MODEL.parent / "mini-ouro-rotation.safetensors"
+    with pytest.raises(RQConfigError, match="not sharded across ranks"):
+        validate_against_model(RQConfig(rotation=str(rot)), str(EMBEDDED_MODEL), tp_size=2)
