@@ -87,6 +87,13 @@ class ModelKVShape:
                 hf = json.loads(path.read_text())
             except (OSError, json.JSONDecodeError) as exc:
                 raise RQConfigError(f"{where}: cannot read a JSON config ({exc})") from exc
+        if hf.get("model_type") == "huginn_raven":
+            # NOTE: models/huginn.py refuses the pool too (RQ_POOL_REFUSAL); this says it before
+            # any weights load
+            raise RQConfigError(
+                f"{where}: Huginn (RavenForCausalLM) cannot use the ResidualQuant KV pool yet (its "
+                "un-looped prelude/coda beside a recurring core need per-layer loop counts and "
+                "loop groups); pass --rq-disable to serve it with SGLang's BF16 pool")
         try:
             heads = hf["num_attention_heads"]
             total_kv = hf.get("num_key_value_heads") or heads
