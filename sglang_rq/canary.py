@@ -96,7 +96,8 @@ def ask(url: str, spec: CanarySpec | None, *, api_key: str | None = None,
     """Send the canary question to ``url`` (SGLang ``/generate``), greedy.
 
     Returns ``(outcome, output_ids, failure)``: outcome ``answered`` (then ``output_ids`` holds
-    the answer), ``timeout``, ``overloaded`` (HTTP 429/503) or ``error``; ``failure`` is the
+    the answer), ``timeout``, ``overloaded`` (HTTP 429/503, or aborted by the server) or
+    ``error``; ``failure`` is the
     unjudged record of a failed request (its ``result`` is the outcome).
     """
     import requests
@@ -119,6 +120,11 @@ def ask(url: str, spec: CanarySpec | None, *, api_key: str | None = None,
         r.raise_for_status()
         out = r.json()
         out = out[0] if isinstance(out, list) else out
+        finish = (out.get("meta_info") or {}).get("finish_reason") or {}
+        if isinstance(finish, dict) and finish.get("type") == "abort":
+            # aborted by the server (abort_all, preemption, queue limit): not an answer
+            return "overloaded", [], CanaryResult("overloaded", latency_s=time.time() - t0,
+                                                  detail=f"aborted: {finish}"[:500], time_s=t0)
         got = [int(t) for t in out["output_ids"]]
     except requests.Timeout as exc:
         return "timeout", [], CanaryResult("timeout", latency_s=time.time() - t0,
