@@ -11,6 +11,11 @@ enabled `RQConfig` (set by the launcher) it also installs, on private names of S
 * ``SRTPlatform.get_kv_pool_cls`` (AROUND): the `RQTokenToKVPool` for ``kind == "mha"``,
 * the attention backends ``rq_native`` (CPU reference) and ``rq_triton`` (CUDA kernels).
 
+Under the launcher (``SGLANG_RQ_CONFIG`` set, the RQ pool on or off) it also installs
+``TokenizerManager._validate_one_request`` (AROUND): token ids outside ``[0, vocab_size)`` are
+refused with a 400 (SGLang 0.5.23 checks only ``token_ids_logprob``; an out-of-vocabulary
+``input_ids`` on ``/generate`` raised IndexError in the scheduler and killed the server).
+
 Every hook is verified after ``HookRegistry.apply_hooks()``; one that did not apply stops the
 process (SystemExit, which SGLang's plugin loader does not swallow).
 """
@@ -31,6 +36,7 @@ HOOK_TARGETS = (
     f"{_CFG}.__init__",
     "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes",
     "sglang.srt.platforms.interface.SRTPlatform.get_kv_pool_cls",
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
 )
 RQ_BACKENDS = ("rq_native", "rq_triton")
 
@@ -54,8 +60,9 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     cfg = RQConfig.from_json(raw)
-    targets = [HOOK_TARGETS[2]]
+    targets = [HOOK_TARGETS[2], HOOK_TARGETS[4]]
     HookRegistry.register(HOOK_TARGETS[2], _budget_hook, HookType.AROUND)
+    HookRegistry.register(HOOK_TARGETS[4], _input_ids_hook, HookType.AROUND)
     if cfg.enabled:
         _Runtime.cfg = cfg
         targets = list(HOOK_TARGETS)
@@ -155,6 +162,19 @@ def _budget_hook(original, self, pre_model_load_memory):
         raise RQConfigError(f"--rq-kv-budget-gb={budget_gb} exceeds the {profiled / (1 << 30):.2f} GiB "
                             "available for the KV cache")
     return budget
+
+
+def _input_ids_hook(original, self, obj, input_ids, *args, **kwargs):
+    """Refuse token ids outside the vocabulary before they reach the scheduler (ValueError is
+    answered 400 by SGLang's HTTP layer)."""
+    if input_ids:
+        vocab = self.model_config.vocab_size
+        lo, hi = min(input_ids), max(input_ids)
+        bad = lo if lo < 0 else hi if hi >= vocab else None
+        if bad is not None:
+            raise ValueError(f"input_ids holds token id {bad}, outside the model's vocabulary "
+                             f"[0, {vocab})")
+    return original(self, obj, input_ids, *args, **kwargs)
 
 
 def _pool_cls_hook(original, self, *, kind):

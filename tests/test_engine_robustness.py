@@ -112,9 +112,15 @@ CASES: list[tuple[str, str, object, int]] = [
     ("unknown-field", CMPL, {"model": "m", "prompt": "hi", "max_tokens": 2, "bogus": 1}, 200),
     ("unknown-field-generate", GEN, {"text": "hi", "bogus": [1], "sampling_params": {
         "max_new_tokens": 2}}, 200),
-    # NOTE: not sent: input_ids outside [0, vocab) on /generate are not validated by SGLang
-    # 0.5.23 (only token_ids_logprob is); the embedding raises IndexError in the scheduler and the
-    # whole server exits (found by this test; docs/robustness.md).
+    # input_ids outside [0, vocab) on /generate: SGLang 0.5.23 validates only token_ids_logprob,
+    # and the embedding's IndexError killed the whole server (found by this test); the plugin's
+    # input-ids hook now answers 400 (docs/robustness.md).
+    ("input-ids-above-vocab", GEN, {"input_ids": [1, 5, 10**6], "sampling_params": {
+        "max_new_tokens": 2}}, 400),
+    ("input-ids-negative", GEN, {"input_ids": [1, -7, 5], "sampling_params": {
+        "max_new_tokens": 2}}, 400),
+    ("input-ids-batch-one-bad", GEN, {"input_ids": [[1, 5], [1, 8192]], "sampling_params": {
+        "max_new_tokens": 2}}, 400),
     ("empty-prompt", CMPL, {"model": "m", "prompt": "", "max_tokens": 2}, 400),
     ("oversized-body", CMPL, {"model": "m", "prompt": BIG, "max_tokens": 1}, 400),
     ("max-new-tokens-negative-generate", GEN, {"text": "hi", "sampling_params": {
