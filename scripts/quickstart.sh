@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install (cached), serve the embedded looped model with the ResidualQuant KV cache on this machine
-# (CPU if there is no GPU), ask it a GSM8K test question over the OpenAI API, show the KV metrics.
+# (CPU if there is no GPU), ask it the first GSM8K test question (or, without the data beside the checkout, a
+# GSM8K train-split question) over the OpenAI API, show the KV metrics.
 # The server keeps running (PID printed); stop it with: kill <PID>.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -10,7 +10,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip >&2
 fi
-if ! "$VENV/bin/python" -c "import sglang, sglang_rq, pytest, ruff, smg, locust, kubernetes_validate" 2>/dev/null \
+# NOTE: locust first: it monkey-patches ssl through gevent, which recurses once sglang has
+# imported ssl (the check then always failed and every run reinstalled).
+if ! "$VENV/bin/python" -c "import locust, sglang, sglang_rq, pytest, ruff, smg, kubernetes_validate" 2>/dev/null \
    || [ "$("$VENV/bin/python" -c 'import sglang_rq, os; print(os.path.dirname(os.path.dirname(sglang_rq.__file__)))')" != "$PWD" ]; then
   "$VENV/bin/python" -m pip install -q -e ".[test,serve,deploy,eval]" 2>&1 | grep -v "^WARNING: Location" >&2 || true
 fi
