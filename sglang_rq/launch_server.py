@@ -51,6 +51,14 @@ def _has_flag(argv: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in argv)
 
 
+def _without_prefill_graphs(argv: list[str]) -> list[str]:
+    """``argv`` plus ``--cuda-graph-backend-prefill disabled`` unless the user chose a prefill
+    graph backend or turned graphs off."""
+    if _has_flag(argv, "--cuda-graph-backend-prefill") or _has_flag(argv, "--disable-cuda-graph"):
+        return argv
+    return argv + ["--cuda-graph-backend-prefill", "disabled"]
+
+
 def _flag_value(argv: list[str], *flags: str) -> str | None:
     """The value given to the first of ``flags`` found in ``argv`` (``--f v`` or ``--f=v``)."""
     for i, a in enumerate(argv):
@@ -126,11 +134,9 @@ def prepare_portable_cuda(argv: list[str]) -> list[str]:
     if not _has_flag(argv, "--attention-backend"):
         # --rq-disable: SGLang would pick FlashInfer/FA3 on Hopper; its Triton backend runs here
         argv = argv + ["--attention-backend", "triton"]
-    if not _has_flag(argv, "--cuda-graph-backend-prefill") and not _has_flag(
-            argv, "--disable-cuda-graph"):
-        # NOTE: SGLang's (breakable) prefill CUDA graphs call sgl_kernel.weak_ref_tensor, a
-        # compiled op; decode graphs do not (measured on the H200, BF16 arm)
-        argv = argv + ["--cuda-graph-backend-prefill", "disabled"]
+    # NOTE: SGLang's (breakable) prefill CUDA graphs call sgl_kernel.weak_ref_tensor, a compiled
+    # op; decode graphs do not (measured on the H200, BF16 arm)
+    argv = _without_prefill_graphs(argv)
     tp = _flag_value(argv, "--tp-size", "--tensor-parallel-size")
     if tp is not None and int(tp) > 1 and not _has_flag(argv, "--disable-custom-all-reduce"):
         argv = argv + ["--disable-custom-all-reduce"]  # custom all-reduce is a compiled kernel
@@ -171,11 +177,11 @@ def prepare_environment(argv: list[str]) -> list[str]:
     cuda = has_cuda()
     if cfg.enabled and not _has_flag(rest, "--attention-backend"):
         rest += ["--attention-backend", "rq_triton" if cuda else "rq_native"]
-    if ("rq_triton" in rest and not _has_flag(rest, "--cuda-graph-backend-prefill")
-            and not _has_flag(rest, "--disable-cuda-graph")):
-        # Decode CUDA graphs are SGLang's default and rq_triton supports them
-        # (tests/gpu/test_gpu_server.py: replay gives the eager tokens); prefill graphs it does not.
-        rest += ["--cuda-graph-backend-prefill", "disabled"]
+    if "rq_triton" in rest:
+        # Decode CUDA graphs are SGLang's default and rq_triton captures them (run in SGLang's
+        # runner on the H200; graph-vs-eager tokens: tests/gpu/test_gpu_server.py, not yet run
+        # on a GPU in its current form); prefill graphs it does not support.
+        rest = _without_prefill_graphs(rest)
     if not cuda:
         refuse_cpu_tensor_parallel(rest)
         os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
