@@ -1,21 +1,25 @@
-"""CPU reference attention over the ResidualQuant pool (subclass of SGLang's TorchNativeAttnBackend).
+"""CPU attention over the ResidualQuant pool (subclass of SGLang's TorchNativeAttnBackend).
 
 Per (loop, layer) call: the forward's own K/V (in flight, full precision) are staged or committed
 through `RQTokenToKVPool.save`; attention reads the history (prefix) of every request from the
-compressed pages, dequantized by the reference codec, and the in-flight tokens from the call's
-``k``/``v`` (the second segment). A token is therefore exact while it is in flight and compressed
-afterwards (DESIGN.md section 1, step 8).
+compressed pages with `rq_kernels.cpu_attention` (one call for the whole batch: the codes are
+unpacked and folded into the dot products in the rotated basis, never rebuilt into K/V), and the
+in-flight tokens from the call's ``k``/``v``, merged by log-sum-exp. A token is therefore exact
+while it is in flight and compressed afterwards (DESIGN.md section 1, step 8).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import itertools
+import logging
+
 import torch
-from torch.nn.functional import scaled_dot_product_attention
 
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
+from rq_kernels import cpu_attention
 from sglang_rq import clipping, metrics
 from sglang_rq.layout import loop_and_layer
 
@@ -26,8 +30,16 @@ if TYPE_CHECKING:
     from sglang_rq.pool import RQTokenToKVPool
 
 
+logger = logging.getLogger(__name__)
+
+
 class RQNativeAttnBackend(TorchNativeAttnBackend):
-    """Attention backend ``rq_native``: correct everywhere, fast nowhere (the CPU path)."""
+    """Attention backend ``rq_native`` (the CPU path): `rq_kernels.cpu_attention` over the
+    compressed history, batched over requests, plus the in-flight chunk; formats the C path does
+    not serve run its PyTorch twin, logged once and counted in
+    ``sglang_rq_fallbacks_total{path="attention"}``."""
+
+    _cpu_path_reason: str | None = None  # "" once checked and served by the C path
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         """SGLang's plan, plus the committed-tokens counter: every token of this forward is
@@ -56,28 +68,27 @@ class RQNativeAttnBackend(TorchNativeAttnBackend):
         k3, v3 = k.view(-1, hkv, d), v.view(-1, hkv, d)
         if save_kv_cache:
             pool.save(loop, phys, k3, v3, forward_batch.out_cache_loc)
-        out = torch.empty_like(q3)
         req_to_token = self.req_to_token_pool.req_to_token
         slots = [req_to_token[int(rp), :int(p)] for rp, p in
                  zip(forward_batch.req_pool_indices.tolist(), prefix_lens)]
-        all_slots = torch.cat(slots) if slots else torch.empty(0, dtype=torch.int64)
-        k_hist, v_hist = pool.dequantize(loop, phys, all_slots.to(torch.int64))
-        start_q = start_h = 0
-        for p, e in zip(prefix_lens, extend_lens):
-            p, e = int(p), int(e)
-            kk = torch.cat([k_hist[start_h:start_h + p].to(q.dtype), k3[start_q:start_q + e]])
-            vv = torch.cat([v_hist[start_h:start_h + p].to(q.dtype), v3[start_q:start_q + e]])
-            qi = torch.arange(e).unsqueeze(1)
-            kj = torch.arange(p + e).unsqueeze(0)
-            mask = (kj <= qi + p).to(q.device)  # [e, p+e] causal over prefix + chunk
-            o = scaled_dot_product_attention(
-                q3[start_q:start_q + e].transpose(0, 1).unsqueeze(0),
-                kk.transpose(0, 1).unsqueeze(0), vv.transpose(0, 1).unsqueeze(0),
-                attn_mask=mask, scale=layer.scaling, enable_gqa=hq != hkv)
-            out[start_q:start_q + e] = o.squeeze(0).transpose(0, 1)
-            start_q, start_h = start_q + e, start_h + p
+        kv_indices = torch.cat(slots).to(torch.int64) if slots else torch.empty(0, dtype=torch.int64)
+        kv_indptr = torch.tensor([0, *itertools.accumulate(int(p) for p in prefix_lens)],
+                                 dtype=torch.int64)
+        qo_indptr = torch.tensor([0, *itertools.accumulate(int(e) for e in extend_lens)],
+                                 dtype=torch.int64)
+        grp, pos = divmod(loop, pool.group_len)
+        view = pool.group_views[phys][grp]
+        if self._cpu_path_reason is None:
+            self._cpu_path_reason = cpu_attention.fallback_reason(view) or ""
+            if self._cpu_path_reason:
+                logger.warning("rq_native: the C attention path cannot serve this format (%s); "
+                               "running the PyTorch twin (slow)", self._cpu_path_reason)
+        if self._cpu_path_reason and loop == 0 and phys == 0:
+            metrics.count_fallback("attention")  # once per forward
+        out = cpu_attention.extend_attention_cpu(q3, k3, v3, view, pos, qo_indptr, kv_indptr,
+                                                 kv_indices, sm_scale=layer.scaling)
         self._count_nonfinite_once(out, loop, phys)
-        return out.view(q.shape[0], hq * d)
+        return out.reshape(q.shape[0], hq * d)
 
     def _count_nonfinite_once(self, out: torch.Tensor, loop: int, phys: int) -> None:
         """Count non-finite rows of ``out`` at the last layer of the last loop, once per forward

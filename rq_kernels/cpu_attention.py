@@ -1,0 +1,243 @@
+"""CPU attention over the compressed cache: a small C/OpenMP library, built on first use.
+
+`extend_attention_cpu` has the signature of `rq_kernels.extend_attention` (and of its twin
+`sglang_rq.reference.extend_attention_reference`); decode is the case of one query row per
+request. The history (the compressed prefix) is attended by ``csrc/rq_cpu_attention.c`` in the
+rotated basis, rebuilt 32 tokens at a time in a scratch that stays in L1/L2 (never materialised
+for the whole history); the in-flight chunk is attended by PyTorch's CPU flash attention, and the
+two are merged through their log-sum-exp (the split-KV merge of FlashDecoding).
+
+The library is compiled with the system C compiler (``$CC``, default ``cc``; ``-O3
+-march=native -fopenmp``) into ``$XDG_CACHE_HOME/rq_kernels/`` (default ``~/.cache``), keyed by
+the source, the compiler's version and the host CPU's flags, so a cached build never runs on a
+CPU it was not built for. It links the OpenMP runtime already loaded by PyTorch (same soname),
+so the two share one thread pool. Without a compiler, `library_error` says why and callers use
+the twin.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from rq_kernels._host import unsupported_reason
+
+if TYPE_CHECKING:
+    from sglang_rq.reference import CompressedLayerView
+
+SOURCE = Path(__file__).with_name("csrc") / "rq_cpu_attention.c"
+MAX_CHAIN = 16  # RQ_MAX_CHAIN in the C source
+MAX_HEAD_DIM = 256  # RQ_MAX_D
+
+
+class _StoredLoop(ctypes.Structure):
+    _fields_ = [
+        ("codes", ctypes.c_void_p), ("codes_row", ctypes.c_int64), ("codes_kv", ctypes.c_int64),
+        ("codes_head", ctypes.c_int64),
+        ("meta", ctypes.c_void_p), ("meta_row", ctypes.c_int64), ("meta_kv", ctypes.c_int64),
+        ("meta_head", ctypes.c_int64),
+        ("coef", ctypes.c_void_p), ("coef_row", ctypes.c_int64), ("coef_kv", ctypes.c_int64),
+        ("coef_head", ctypes.c_int64),
+        ("bits", ctypes.c_int32), ("pad_", ctypes.c_int32),
+    ]
+
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_error: str | None = None
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _build() -> ctypes.CDLL:
+    cc = os.environ.get("CC") or "cc"
+    if shutil.which(cc) is None:
+        raise RuntimeError(f"no C compiler: `{cc}` is not on PATH (set CC, or install gcc)")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, _cpu_flags(), *flags]).encode())
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rq_kernels"
+    target = cache / f"rq_cpu_attention-{key.hexdigest()[:16]}.so"
+    if not target.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            built = Path(tmp) / target.name
+            proc = subprocess.run([cc, *flags, str(SOURCE), "-o", str(built), "-lm"],
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"`{cc}` failed to build {SOURCE.name}:\n{proc.stderr[-2000:]}")
+            os.replace(built, target)  # atomic: concurrent builders agree on one file
+    lib = ctypes.CDLL(str(target))
+    fn = lib.rq_history_attention
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 4 + [
+        ctypes.POINTER(_StoredLoop), ctypes.c_int64, ctypes.c_float, ctypes.c_void_p,
+        ctypes.c_void_p]
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled library, built on first call; None if it cannot be built (`library_error`)."""
+    global _lib, _error
+    with _lock:
+        if _lib is None and _error is None:
+            try:
+                _lib = _build()
+            except (RuntimeError, OSError) as e:
+                _error = str(e)
+    return _lib
+
+
+def library_error() -> str | None:
+    """Why the library is unavailable (None if it built)."""
+    library()
+    return _error
+
+
+def fallback_reason(view: CompressedLayerView) -> str | None:
+    """Why `extend_attention_cpu` would run the twin for ``view`` (None: the C path serves it)."""
+    why = unsupported_reason(view)
+    if why is None and view.head_dim > MAX_HEAD_DIM:
+        why = f"head_dim={view.head_dim} > {MAX_HEAD_DIM}"
+    return why if why is not None else library_error()
+
+
+def _chain(view: CompressedLayerView, loop_id: int) -> list[int]:
+    """Loop ids from ``loop_id`` along its bases to the anchor (anchor last)."""
+    chain = [loop_id]
+    while view.segments[chain[-1]].role != "anchor":
+        chain.append(view.segments[chain[-1]].base)
+    return chain
+
+
+def _stored_loops(view: CompressedLayerView, chain: list[int]) -> ctypes.Array:
+    arr = (_StoredLoop * len(chain))()
+    for slot, i in zip(arr, chain):
+        codes, meta, coef = view.codes[i], view.meta[i], view.coef[i]
+        slot.codes, slot.bits = codes.data_ptr(), view.segments[i].bits
+        slot.codes_row, slot.codes_kv, slot.codes_head = codes.stride()[:3]
+        if meta is not None:
+            slot.meta = meta.data_ptr()
+            slot.meta_row, slot.meta_kv, slot.meta_head = meta.stride()[:3]
+        if coef is not None:
+            slot.coef = coef.data_ptr()
+            slot.coef_row, slot.coef_kv, slot.coef_head = coef.stride()[:3]
+    return arr
+
+
+def _chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo: list[int],
+                     sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal attention of each request's chunk on itself: ``[T, HQ, D]`` fp32 and lse ``[T, HQ]``."""
+    T, HQ, D = q.shape
+    gq = HQ // k.shape[1]
+    if all(qo[b + 1] - qo[b] == 1 for b in range(len(qo) - 1)):  # decode: the token itself
+        kq = k.repeat_interleave(gq, dim=1)
+        return v.repeat_interleave(gq, dim=1), (q * kq).sum(-1) * sm_scale
+    out, lse = torch.empty_like(q), q.new_empty(T, HQ)
+    for b in range(len(qo) - 1):
+        s, e = qo[b], qo[b + 1]
+        if s == e:
+            continue
+        qb = q[s:e].transpose(0, 1).unsqueeze(0)
+        kb = k[s:e].repeat_interleave(gq, dim=1).transpose(0, 1).unsqueeze(0)
+        vb = v[s:e].repeat_interleave(gq, dim=1).transpose(0, 1).unsqueeze(0)
+        o, lb = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            qb, kb, vb, 0.0, True, scale=sm_scale)[:2]
+        out[s:e] = o[0].transpose(0, 1)
+        lse[s:e] = lb[0].transpose(0, 1)
+    return out, lse
+
+
+def extend_attention_cpu(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
+                         view: CompressedLayerView, loop_id: int, qo_indptr: torch.Tensor,
+                         kv_indptr: torch.Tensor, kv_indices: torch.Tensor, *, sm_scale: float,
+                         out: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of loop ``loop_id`` on CPU: each request's compressed history, then its chunk.
+
+    Parameters
+    ----------
+    q:
+        ``[num_tokens, num_qo_heads, head_dim]`` float (bf16/fp16/fp32), CPU: the chunk's
+        queries, requests concatenated (``qo_indptr``). Decode: one row per request.
+    k_cur, v_cur:
+        ``[num_tokens, num_kv_heads, head_dim]``: the chunk's own K/V (original basis), attended
+        causally after the history.
+    view:
+        The layer's `CompressedLayerView` (CPU tensors, read only).
+    loop_id:
+        Loop whose K/V are attended (its anchor plus its residual).
+    qo_indptr, kv_indptr:
+        ``[batch_size + 1]`` integer: request b's chunk rows and history rows
+        ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]`` (pool rows, may be empty).
+    kv_indices:
+        ``[nnz]`` integer pool rows.
+    sm_scale:
+        Softmax scale.
+    out:
+        Optional ``[num_tokens, num_qo_heads, head_dim]`` output in q's dtype.
+
+    Returns
+    -------
+    ``[num_tokens, num_qo_heads, head_dim]`` in q's dtype, original basis. Math: DESIGN.md
+    section 1 (rotated basis, ``x_i = c_i a + r_i``); the merge is FlashDecoding's LSE merge
+    (Dao et al., 2023). Formats or hosts the C path does not serve (`fallback_reason`) run the
+    twin `sglang_rq.reference.extend_attention_reference`.
+    """
+    if fallback_reason(view) is not None:
+        from sglang_rq.reference import extend_attention_reference  # the twin (issue 11: moves)
+
+        return extend_attention_reference(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr,
+                                          kv_indices, sm_scale=sm_scale, out=out)
+    T, HQ, D = q.shape
+    HKV = k_cur.shape[1]
+    if q.device.type != "cpu":
+        raise ValueError(f"extend_attention_cpu needs CPU tensors, got q on {q.device}")
+    if HQ % HKV or k_cur.shape != (T, HKV, D) or v_cur.shape != (T, HKV, D) or D != view.head_dim:
+        raise ValueError(f"q {tuple(q.shape)}, k_cur {tuple(k_cur.shape)}, v_cur "
+                         f"{tuple(v_cur.shape)} and head_dim {view.head_dim} do not match")
+    gq, g = HQ // HKV, view.cfg.group_size
+    qo_list = qo_indptr.tolist()
+    qf = q.float()
+    rot = view.rotation
+    q_rot = qf if rot is None else torch.einsum(
+        "tkgd,kde->tkge", qf.view(T, HKV, gq, D), rot.float()).reshape(T, HQ, D)
+    q_rot = q_rot.contiguous()
+    hist, lse_h = torch.empty_like(q_rot), q_rot.new_empty(T, HQ)
+    qo64 = qo_indptr.to(torch.int64).contiguous()
+    kv64 = kv_indptr.to(torch.int64).contiguous()
+    idx64 = kv_indices.to(torch.int64).contiguous()
+    chain = _chain(view, loop_id)
+    rc = library().rq_history_attention(
+        len(qo_list) - 1, HQ, HKV, D, g, q_rot.data_ptr(), qo64.data_ptr(), kv64.data_ptr(),
+        idx64.data_ptr(), _stored_loops(view, chain), len(chain), float(sm_scale),
+        hist.data_ptr(), lse_h.data_ptr())
+    if rc != 0:
+        raise RuntimeError(f"rq_history_attention failed with code {rc}")
+    if rot is not None:
+        hist = torch.einsum("tkge,kde->tkgd", hist.view(T, HKV, gq, D), rot.float()).reshape(T, HQ, D)
+    chunk, lse_c = _chunk_attention(qf, k_cur.float(), v_cur.float(), qo_list, sm_scale)
+    m = torch.maximum(lse_h, lse_c)
+    w_h, w_c = torch.exp(lse_h - m), torch.exp(lse_c - m)
+    merged = (hist * w_h.unsqueeze(-1) + chunk * w_c.unsqueeze(-1)) / (w_h + w_c).unsqueeze(-1)
+    if out is None:
+        return merged.to(q.dtype).contiguous()
+    out.copy_(merged)
+    return out

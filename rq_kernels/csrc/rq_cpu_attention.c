@@ -1,0 +1,341 @@
+/*
+ * CPU attention over the compressed history of the ResidualQuant KV cache.
+ *
+ * One call handles one (layer, loop) of a batch: for every request b, every KV head h and every
+ * query row of the request, softmax(q' K'^T * scale) V' over the request's history rows, where
+ * K'/V' are the loop's K/V in the rotated basis, rebuilt block by block in an L1-resident
+ * scratch (anchor, then c_i * x + residual along the loop's base chain; DESIGN.md section 1) and
+ * never written back. The caller rotates q into that basis, un-rotates the output and merges the
+ * in-flight chunk through the returned log-sum-exp (rq_kernels/cpu_attention.py).
+ *
+ * Pool layout (sglang_rq/pool.py), per stored loop of the layer:
+ *   codes [rows, 2, H, code_bytes] uint8, codes of element e at bits (e % per) * bits of byte
+ *         e / per (per = 8 / bits),
+ *   meta  [rows, 2, H, D/g, 2] uint8, FP8 e4m3fn (scale, offset) per quantization group,
+ *   coef  [rows, 2, H] bf16, least-squares coefficient c_i (residual loops, LSQ on).
+ * Strides are in elements of each buffer's dtype. Standard C11 + OpenMP; no Python headers.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define RQ_MAX_CHAIN 16
+#define RQ_BLOCK_N 32   /* history tokens rebuilt per scratch block */
+#define RQ_MAX_D 256
+
+typedef struct {
+    const uint8_t *codes;
+    int64_t codes_row, codes_kv, codes_head;
+    const uint8_t *meta;  /* NULL: no scale/offset (0-bit loop) */
+    int64_t meta_row, meta_kv, meta_head;
+    const uint16_t *coef; /* NULL: c = 1 */
+    int64_t coef_row, coef_kv, coef_head;
+    int32_t bits;         /* 0, 2, 4 or 8 */
+    int32_t pad_;
+} rq_stored_loop;
+
+static float fp8_e4m3fn_table[256];
+static int fp8_table_ready = 0;
+
+static void build_fp8_table(void) {
+    for (int b = 0; b < 256; ++b) {
+        int sign = b >> 7, ex = (b >> 3) & 15, man = b & 7;
+        float v;
+        if (ex == 15 && man == 7) v = NAN;
+        else if (ex == 0) v = ldexpf((float)man / 8.0f, -6);
+        else v = ldexpf(1.0f + (float)man / 8.0f, ex - 7);
+        fp8_e4m3fn_table[b] = sign ? -v : v;
+    }
+    fp8_table_ready = 1;
+}
+
+static inline float bf16_to_float(uint16_t x) {
+    union { uint32_t u; float f; } c;
+    c.u = (uint32_t)x << 16;
+    return c.f;
+}
+
+/*
+ * Element order. Within each quantization group of G elements, a byte holds per = 8 / bits
+ * consecutive elements, so the group's codes unpack contiguously in "plane" order: position
+ * k * (G / per) + i holds element per * i + k (plane k = bits k*bits.. of every byte of the
+ * group). Dot products do not depend on the order, so the query is permuted into plane order
+ * once per call and the codes are never interleaved back; V accumulates in plane order and is
+ * un-permuted once per output row.
+ */
+static inline int64_t plane_element(int64_t pos, int bits, int64_t G) {
+    const int64_t per = 8 / bits, sub = G / per, g0 = pos - pos % G, p = pos % G;
+    return g0 + per * (p % sub) + p / sub;
+}
+
+/* codes of one (row, kv, head) -> float codes[D] in plane order */
+static inline __attribute__((always_inline)) void unpack_planes(const uint8_t *src, int bits, int64_t D,
+                                                                const int64_t G, float *dst) {
+    if (bits == 8) {
+        for (int64_t e = 0; e < D; ++e) dst[e] = (float)src[e];
+        return;
+    }
+    if (bits == 4) {
+        for (int64_t g0 = 0; g0 < D; g0 += G) {
+            const uint8_t *b = src + g0 / 2;
+            float *d = dst + g0;
+            for (int64_t i = 0; i < G / 2; ++i) {
+                d[i] = (float)(b[i] & 15);
+                d[G / 2 + i] = (float)(b[i] >> 4);
+            }
+        }
+        return;
+    }
+    for (int64_t g0 = 0; g0 < D; g0 += G) { /* 2 bits */
+        const uint8_t *b = src + g0 / 4;
+        float *d = dst + g0;
+        for (int64_t i = 0; i < G / 4; ++i) {
+            d[i] = (float)(b[i] & 3);
+            d[G / 4 + i] = (float)((b[i] >> 2) & 3);
+            d[G / 2 + i] = (float)((b[i] >> 4) & 3);
+            d[3 * G / 4 + i] = (float)(b[i] >> 6);
+        }
+    }
+}
+
+static inline const uint8_t *loop_codes(const rq_stored_loop *L, int64_t row, int kv, int64_t h) {
+    return L->codes + row * L->codes_row + kv * L->codes_kv + h * L->codes_head;
+}
+
+static inline const uint8_t *loop_meta(const rq_stored_loop *L, int64_t row, int kv, int64_t h) {
+    return L->meta + row * L->meta_row + kv * L->meta_kv + h * L->meta_head;
+}
+
+/* Weight of each chain member in x = deq_0 + c_0 (deq_1 + c_1 (... deq_anchor)):
+ * w_0 = 1, w_k = c_0 ... c_{k-1} (c of member i = its least-squares coefficient, 1 without). */
+static inline void chain_weights(const rq_stored_loop *chain, int n, int64_t row, int kv,
+                                 int64_t h, float *w) {
+    w[0] = 1.0f;
+    for (int k = 1; k < n; ++k) {
+        const rq_stored_loop *L = &chain[k - 1];
+        const float c = L->coef ? bf16_to_float(L->coef[row * L->coef_row + kv * L->coef_kv + h * L->coef_head]) : 1.0f;
+        w[k] = w[k - 1] * c;
+    }
+}
+
+typedef struct {
+    int64_t HQ, GQ, QT, D, n;
+    const float *q;
+    const int64_t *qo_indptr, *kv_indptr, *kv_indices;
+    const rq_stored_loop *chain;
+    float sm_scale;
+    float *out, *lse;
+} rq_problem;
+
+/* One work item (request b, KV head h, query rows t0..t0+QT of b); G is a compile-time
+ * constant in the specialised callers below, so the group loops are straight-line vector code. */
+static inline __attribute__((always_inline)) void attend_item(const rq_problem *P,
+                                                              const int64_t *itm, float *scratch,
+                                                              const int64_t G) {
+    const int64_t HQ = P->HQ, GQ = P->GQ, QT = P->QT, D = P->D, n = P->n, NG = D / G, M = QT * GQ;
+    const float *q = P->q, sm_scale = P->sm_scale;
+    const int64_t *qo_indptr = P->qo_indptr, *kv_indptr = P->kv_indptr, *kv_indices = P->kv_indices;
+    const rq_stored_loop *chain = P->chain;
+    float *out = P->out, *lse = P->lse;
+    float *qp = scratch, *acc = qp + M * n * D, *qs = acc + M * n * D, *off = qs + M * n * NG;
+    float *s = off + M * NG, *mx = s + M * RQ_BLOCK_N, *l = mx + M, *tmp = l + M;
+    float *w = tmp + D;
+    const int64_t b = itm[0], h = itm[1], t0 = itm[2];
+    const int64_t q0 = qo_indptr[b] + t0, left = qo_indptr[b + 1] - q0;
+    const int64_t rows = (left < QT ? left : QT) * GQ;
+    const int64_t p0 = kv_indptr[b], np = kv_indptr[b + 1] - kv_indptr[b];
+    /* row r = (t, g): query row q0 + r / GQ, head h * GQ + r % GQ */
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *qr = q + ((q0 + r / GQ) * HQ + h * GQ + r % GQ) * D;
+        for (int64_t k = 0; k < n; ++k) {
+            float *dst = qp + (r * n + k) * D;
+            const int bits = chain[k].bits ? chain[k].bits : 8;
+            for (int64_t pos = 0; pos < D; ++pos) dst[pos] = qr[plane_element(pos, bits, G)];
+            for (int64_t g = 0; g < NG; ++g) {
+                float sum = 0.0f;
+                for (int64_t e = 0; e < G; ++e) sum += dst[g * G + e];
+                qs[(r * n + k) * NG + g] = sum;
+            }
+        }
+        mx[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    memset(acc, 0, sizeof(float) * (size_t)(rows * n * D));
+    memset(off, 0, sizeof(float) * (size_t)(rows * NG));
+    for (int64_t j0 = 0; j0 < np; j0 += RQ_BLOCK_N) {
+        const int64_t nb = np - j0 < RQ_BLOCK_N ? np - j0 : RQ_BLOCK_N;
+        /* K side: logits of the block */
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t j = 0; j < nb; ++j) s[r * RQ_BLOCK_N + j] = 0.0f;
+        for (int64_t j = 0; j < nb; ++j) {
+            const int64_t row = kv_indices[p0 + j0 + j];
+            chain_weights(chain, (int)n, row, 0, h, w + j * n);
+            for (int64_t k = 0; k < n; ++k) {
+                const rq_stored_loop *L = &chain[k];
+                if (!L->bits) continue;
+                unpack_planes(loop_codes(L, row, 0, h), L->bits, D, G, tmp);
+                const uint8_t *meta = loop_meta(L, row, 0, h);
+                const float wk = w[j * n + k];
+                for (int64_t r = 0; r < rows; ++r) {
+                    const float *qk = qp + (r * n + k) * D, *qsum = qs + (r * n + k) * NG;
+                    float total = 0.0f;
+                    for (int64_t g = 0; g < NG; ++g) {
+                        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+                        for (int64_t e = 0; e < G; ++e) dot += qk[g * G + e] * tmp[g * G + e];
+                        total += fp8_e4m3fn_table[meta[2 * g]] * dot
+                               + fp8_e4m3fn_table[meta[2 * g + 1]] * qsum[g];
+                    }
+                    s[r * RQ_BLOCK_N + j] += wk * total;
+                }
+            }
+        }
+        /* online softmax: logits -> probabilities of the block, rescale accumulators */
+        for (int64_t r = 0; r < rows; ++r) {
+            float *sr = s + r * RQ_BLOCK_N, bmax = -INFINITY;
+            for (int64_t j = 0; j < nb; ++j) {
+                sr[j] *= sm_scale;
+                bmax = sr[j] > bmax ? sr[j] : bmax;
+            }
+            const float mnew = mx[r] > bmax ? mx[r] : bmax, alpha = expf(mx[r] - mnew);
+            float psum = 0.0f;
+            for (int64_t j = 0; j < nb; ++j) {
+                sr[j] = expf(sr[j] - mnew);
+                psum += sr[j];
+            }
+            if (alpha != 1.0f) {
+                float *ar = acc + r * n * D;
+                for (int64_t e = 0; e < n * D; ++e) ar[e] *= alpha;
+                for (int64_t g = 0; g < NG; ++g) off[r * NG + g] *= alpha;
+            }
+            l[r] = l[r] * alpha + psum;
+            mx[r] = mnew;
+        }
+        /* V side */
+        for (int64_t j = 0; j < nb; ++j) {
+            const int64_t row = kv_indices[p0 + j0 + j];
+            chain_weights(chain, (int)n, row, 1, h, w + j * n);
+            for (int64_t k = 0; k < n; ++k) {
+                const rq_stored_loop *L = &chain[k];
+                if (!L->bits) continue;
+                unpack_planes(loop_codes(L, row, 1, h), L->bits, D, G, tmp);
+                const uint8_t *meta = loop_meta(L, row, 1, h);
+                const float wk = w[j * n + k];
+                for (int64_t r = 0; r < rows; ++r) {
+                    const float pw = s[r * RQ_BLOCK_N + j] * wk;
+                    float *ar = acc + (r * n + k) * D;
+                    for (int64_t g = 0; g < NG; ++g) {
+                        const float a = pw * fp8_e4m3fn_table[meta[2 * g]];
+                        off[r * NG + g] += pw * fp8_e4m3fn_table[meta[2 * g + 1]];
+#pragma omp simd
+                        for (int64_t e = 0; e < G; ++e) ar[g * G + e] += a * tmp[g * G + e];
+                    }
+                }
+            }
+        }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t o = (q0 + r / GQ) * HQ + h * GQ + r % GQ;
+        float *orow = out + o * D;
+        if (np == 0) {
+            memset(orow, 0, sizeof(float) * (size_t)D);
+            lse[o] = -INFINITY;
+            continue;
+        }
+        const float inv = 1.0f / l[r];
+        for (int64_t e = 0; e < D; ++e) orow[e] = off[r * NG + e / G];
+        for (int64_t k = 0; k < n; ++k) {
+            if (!chain[k].bits) continue;
+            const float *ar = acc + (r * n + k) * D;
+            for (int64_t pos = 0; pos < D; ++pos) orow[plane_element(pos, chain[k].bits, G)] += ar[pos];
+        }
+        for (int64_t e = 0; e < D; ++e) orow[e] *= inv;
+        lse[o] = mx[r] + logf(l[r]);
+    }
+}
+
+static void attend_item_g16(const rq_problem *P, const int64_t *itm, float *scratch) {
+    attend_item(P, itm, scratch, 16);
+}
+static void attend_item_g32(const rq_problem *P, const int64_t *itm, float *scratch) {
+    attend_item(P, itm, scratch, 32);
+}
+static void attend_item_g64(const rq_problem *P, const int64_t *itm, float *scratch) {
+    attend_item(P, itm, scratch, 64);
+}
+static void attend_item_any(const rq_problem *P, const int64_t *itm, float *scratch, int64_t G) {
+    attend_item(P, itm, scratch, G);
+}
+
+/*
+ * q      [T, HQ, D] float32 contiguous, rotated basis (q'_h = q_h R[h_kv]).
+ * out    [T, HQ, D] float32 contiguous: softmax-normalised history attention (rotated basis);
+ *        rows of requests without history are 0.
+ * lse    [T, HQ] float32: natural-log log-sum-exp of the scaled history logits (-inf if none).
+ * qo_indptr [B+1], kv_indptr [B+1], kv_indices [nnz] int64.
+ * chain  n stored loops, attended loop first, anchor last.
+ *
+ * Per history token and chain member k with scale s_g and offset m_g per group g:
+ *   q' . x = sum_k w_k sum_g (s_g (q'_g . codes_g) + m_g sum(q'_g))        (K side)
+ *   sum_t p_t x_t = sum_k sum_t p_t w_k (s_g codes_g + m_g)                (V side)
+ * so codes are only unpacked and multiplied, never rebuilt into K'/V' rows.
+ * Returns 0, or a negative error code (-1: D > RQ_MAX_D, G does not divide D or HKV does not
+ * divide HQ; -2: n out of range or a member with unsupported bits; -3: allocation failed).
+ */
+int rq_history_attention(int64_t B, int64_t HQ, int64_t HKV, int64_t D, int64_t G,
+                         const float *q, const int64_t *qo_indptr, const int64_t *kv_indptr,
+                         const int64_t *kv_indices, const rq_stored_loop *chain, int64_t n,
+                         float sm_scale, float *out, float *lse) {
+    if (D > RQ_MAX_D || G <= 0 || D % G != 0 || HQ % HKV != 0) return -1;
+    if (n < 1 || n > RQ_MAX_CHAIN) return -2;
+    for (int64_t k = 0; k < n; ++k) {
+        const int bits = chain[k].bits;
+        if (!(bits == 0 || bits == 2 || bits == 4 || bits == 8) || (bits && !chain[k].meta)) return -2;
+        if (bits && G % (8 / bits) != 0) return -1;
+    }
+    if (!fp8_table_ready) build_fp8_table();
+    const int64_t GQ = HQ / HKV, NG = D / G;
+    const int64_t QT = GQ >= 64 ? 1 : 64 / GQ;  /* query rows per work item */
+    int64_t items = 0;
+    for (int64_t b = 0; b < B; ++b) items += HKV * ((qo_indptr[b + 1] - qo_indptr[b] + QT - 1) / QT);
+    int64_t *item = (int64_t *)malloc(sizeof(int64_t) * (size_t)(items + 1) * 3);
+    if (!item) return -3;
+    int64_t it = 0;
+    for (int64_t b = 0; b < B; ++b) {
+        const int64_t nq = qo_indptr[b + 1] - qo_indptr[b];
+        for (int64_t h = 0; h < HKV; ++h)
+            for (int64_t t0 = 0; t0 < nq; t0 += QT) {
+                item[3 * it] = b; item[3 * it + 1] = h; item[3 * it + 2] = t0; ++it;
+            }
+    }
+    const rq_problem P = {HQ, GQ, QT, D, n, q, qo_indptr, kv_indptr, kv_indices, chain, sm_scale,
+                          out, lse};
+    int failed = 0;
+#pragma omp parallel
+    {
+        const int64_t M = QT * GQ;  /* rows of one item: query rows x query heads of the KV head */
+        /* per thread: qp [M, n, D] permuted queries, qs [M, n, NG] group sums, acc [M, n, D],
+         * off [M, NG] offsets, s [M, BN] logits, mx/l [M], tmp [D], w [BN, n] */
+        const size_t floats = (size_t)(M * n * D * 2 + M * n * NG + M * NG + M * RQ_BLOCK_N + 2 * M
+                                       + D + RQ_BLOCK_N * n);
+        float *scratch = (float *)malloc(sizeof(float) * floats);
+        if (!scratch) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t wi = 0; wi < items; ++wi) {
+            if (!scratch) continue;
+            switch (G) {
+            case 16: attend_item_g16(&P, item + 3 * wi, scratch); break;
+            case 32: attend_item_g32(&P, item + 3 * wi, scratch); break;
+            case 64: attend_item_g64(&P, item + 3 * wi, scratch); break;
+            default: attend_item_any(&P, item + 3 * wi, scratch, G);
+            }
+        }
+        free(scratch);
+    }
+    free(item);
+    return failed ? -3 : 0;
+}

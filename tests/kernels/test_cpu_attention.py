@@ -1,0 +1,94 @@
+"""CPU attention over the compressed cache (rq_kernels/cpu_attention.py, the C library) vs its
+twin `sglang_rq.reference.extend_attention_reference` (dequantized history, then the request's
+own chunk, causal, fp32).
+
+Both sides compute in fp32 from the same stored bytes, so the tolerance is fp32 rounding of a
+different summation order (blocked online softmax, rotated basis, LSE merge): 2e-4 relative to
+max|ref| elementwise. Sizes are awkward on purpose: GQA 3, head_dim 96 with a random orthogonal
+rotation, empty histories, histories that are not a multiple of the 32-token block, chunks that
+are not a multiple of the 64-row query tile, loop groups, a 0-bit loop and the anchor first.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from attn_cases import build, queries
+
+from rq_kernels import cpu_attention
+from sglang_rq.config import RQConfig
+from sglang_rq.reference import extend_attention_reference
+
+pytestmark = pytest.mark.skipif(cpu_attention.library_error() is not None,
+                                reason=f"no C toolchain: {cpu_attention.library_error()}")
+
+# name, cfg, loops, num_kv_heads, q heads per kv head, head_dim, history lens, chunk lens, rotation
+CASES = [
+    ("decode_ouro", RQConfig(), 4, 2, 1, 128, [0, 33, 64, 1], [1, 1, 1, 1], "cfg"),
+    ("decode_gqa3_d64_norot", RQConfig(rotation="none"), 4, 1, 3, 64, [97, 5], [1, 1], "cfg"),
+    ("extend_mixed", RQConfig(), 4, 2, 1, 128, [0, 17, 40], [5, 1, 70], "cfg"),
+    ("extend_d96_random_orth", RQConfig(), 4, 1, 2, 96, [31, 15], [3, 130], "rand"),
+    ("anchor_first_no_lsq", RQConfig(anchor="first", lsq=False), 4, 2, 1, 64, [45], [1], "cfg"),
+    ("loop_groups_8bit", RQConfig(loop_group_size=2, residual_bits=8), 4, 1, 2, 64, [50, 3],
+     [2, 1], "cfg"),
+    ("zero_bit_residual", RQConfig(residual_bits=0), 4, 1, 1, 64, [29], [4], "cfg"),
+    ("single_loop", RQConfig(), 1, 2, 1, 64, [70], [1], "cfg"),
+]
+
+
+@pytest.mark.parametrize("name,cfg,loops,hkv,group,dim,hist,chunks,rot", CASES,
+                         ids=[c[0] for c in CASES])
+def test_cpu_attention_matches_twin(name, cfg, loops, hkv, group, dim, hist, chunks, rot):
+    view, kv_ind, idx, _ = build(cfg, loops=loops, num_kv_heads=hkv, group=group, dim=dim,
+                                 lens=hist, rot=rot, device="cpu", seed=7)
+    assert cpu_attention.fallback_reason(view) is None, "the C path must serve this format"
+    qp = [0]
+    for n in chunks:
+        qp.append(qp[-1] + n)
+    qo = torch.tensor(qp, dtype=torch.int32)
+    q, kc, vc = queries(qp[-1], hkv * group, hkv, dim, device="cpu", seed=7)
+    q, kc, vc = q.float(), kc.float(), vc.float()
+    scale = dim ** -0.5
+    for loop in range(loops):
+        out = torch.full_like(q, float("nan"))
+        cpu_attention.extend_attention_cpu(q, kc, vc, view, loop, qo, kv_ind, idx,
+                                           sm_scale=scale, out=out)
+        ref = extend_attention_reference(q, kc, vc, view, loop, qo, kv_ind, idx, sm_scale=scale)
+        assert torch.isfinite(out).all(), f"loop {loop}: NaN/inf or unwritten output"
+        err = (out - ref).abs().max().item()
+        assert err <= 2e-4 * ref.abs().max().item(), f"loop {loop}: max error {err}"
+
+
+def test_bf16_inputs_return_bf16_and_match():
+    view, kv_ind, idx, _ = build(RQConfig(), loops=4, num_kv_heads=2, group=2, dim=128,
+                                 lens=[40, 9], rot="cfg", device="cpu", seed=3)
+    q, kc, vc = queries(2, 4, 2, 128, device="cpu", seed=3)  # bf16, decode shape
+    qo = torch.tensor([0, 1, 2], dtype=torch.int32)
+    out = cpu_attention.extend_attention_cpu(q, kc, vc, view, 2, qo, kv_ind, idx,
+                                             sm_scale=0.1)
+    ref = extend_attention_reference(q.float(), kc, vc, view, 2, qo, kv_ind, idx, sm_scale=0.1)
+    assert out.dtype == torch.bfloat16
+    # bf16 output rounding: half an ulp of bf16 at the largest value
+    assert (out.float() - ref).abs().max().item() <= 2 ** -8 * ref.abs().max().item()
+
+
+def test_unsupported_format_runs_the_twin_and_says_why():
+    cfg = RQConfig(anchor_bits=16)  # a 16-bit anchor is not a fused format
+    view, kv_ind, idx, _ = build(cfg, loops=2, num_kv_heads=1, group=1, dim=64, lens=[6],
+                                 rot="cfg", device="cpu", seed=1)
+    assert "16 bits" in cpu_attention.fallback_reason(view)
+    q, kc, vc = (t.float() for t in queries(1, 1, 1, 64, device="cpu", seed=1))
+    qo = torch.tensor([0, 1], dtype=torch.int32)
+    out = cpu_attention.extend_attention_cpu(q, kc, vc, view, 0, qo, kv_ind, idx, sm_scale=0.125)
+    ref = extend_attention_reference(q, kc, vc, view, 0, qo, kv_ind, idx, sm_scale=0.125)
+    assert torch.equal(out, ref)
+
+
+def test_bad_shapes_raise_naming_the_tensors():
+    view, kv_ind, idx, _ = build(RQConfig(), loops=4, num_kv_heads=2, group=1, dim=64, lens=[3],
+                                 rot="cfg", device="cpu", seed=1)
+    q = torch.zeros(1, 3, 64)  # 3 query heads over 2 KV heads
+    kc = vc = torch.zeros(1, 2, 64)
+    with pytest.raises(ValueError, match="k_cur"):
+        cpu_attention.extend_attention_cpu(q, kc, vc, view, 0, torch.tensor([0, 1]), kv_ind, idx,
+                                           sm_scale=1.0)
