@@ -81,42 +81,70 @@ static inline __attribute__((always_inline)) void put8(float *dst, u8x8 c, float
     memcpy(dst, &f, sizeof f);
 }
 
+static inline __attribute__((always_inline)) f32x8 load8f(const float *p) {
+    f32x8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* a . b with four independent vector accumulators: one accumulator would chain D/8 dependent
+ * FMAs (4-cycle latency each), which dominated the K side. */
+static inline __attribute__((always_inline)) float dot_f32(const float *restrict a,
+                                                           const float *restrict b, int64_t D) {
+    f32x8 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+    int64_t e = 0;
+    for (; e + 32 <= D; e += 32) {
+        s0 += load8f(a + e) * load8f(b + e);
+        s1 += load8f(a + e + 8) * load8f(b + e + 8);
+        s2 += load8f(a + e + 16) * load8f(b + e + 16);
+        s3 += load8f(a + e + 24) * load8f(b + e + 24);
+    }
+    for (; e + 8 <= D; e += 8) s0 += load8f(a + e) * load8f(b + e);
+    const f32x8 t = (s0 + s1) + (s2 + s3);
+    float r = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+    for (; e < D; ++e) r += a[e] * b[e];
+    return r;
+}
+
+/* One group's codes (PER codes per byte, G a compile-time constant in the callers) ->
+ * dst[G] = sc * code in plane order. */
+static inline __attribute__((always_inline)) void unpack_group(const uint8_t *restrict c, float sc,
+                                                               const int PER, const int64_t G,
+                                                               float *restrict d) {
+    const int64_t sub = G / PER;  /* codes per plane */
+    const int bits = 8 / PER;
+    const uint8_t mask = (uint8_t)((1 << bits) - 1);
+    if (sub % 8 == 0) {
+        for (int64_t i = 0; i < sub; i += 8) {
+            u8x8 v;
+            memcpy(&v, c + i, sizeof v);
+            for (int k = 0; k < PER; ++k) put8(d + k * sub + i, (v >> (k * bits)) & mask, sc);
+        }
+    } else {
+        for (int k = 0; k < PER; ++k)
+            for (int64_t i = 0; i < sub; ++i) d[k * sub + i] = sc * (float)((c[i] >> (k * bits)) & mask);
+    }
+}
+
 /* codes of one (row, kv, head) -> dst[D] = scale_g * code in plane order, off[g] = offset_g */
 static inline __attribute__((always_inline)) void unpack_scaled(const uint8_t *restrict src,
                                                                 const uint8_t *restrict meta,
                                                                 int bits, int64_t D, const int64_t G,
                                                                 float *restrict dst,
                                                                 float *restrict off) {
-    const int per = 8 / bits;
-    const int64_t sub = G / per;  /* codes per plane of a group */
     for (int64_t g0 = 0, gi = 0; g0 < D; g0 += G, ++gi) {
         const float sc = fp8_e4m3fn_table[meta[2 * gi]];
         off[gi] = fp8_e4m3fn_table[meta[2 * gi + 1]];
-        const uint8_t *restrict c = src + g0 / per;
-        float *restrict d = dst + g0;
-        if (sub % 8 == 0) {
-            for (int64_t i = 0; i < sub; i += 8) {
-                u8x8 v;
-                memcpy(&v, c + i, sizeof v);
-                if (bits == 8) {
-                    put8(d + i, v, sc);
-                } else if (bits == 4) {
-                    put8(d + i, v & 15, sc);
-                    put8(d + sub + i, v >> 4, sc);
-                } else {
-                    put8(d + i, v & 3, sc);
-                    put8(d + sub + i, (v >> 2) & 3, sc);
-                    put8(d + 2 * sub + i, (v >> 4) & 3, sc);
-                    put8(d + 3 * sub + i, v >> 6, sc);
-                }
-            }
-        } else {
-            const int mask = (1 << bits) - 1;
-            for (int k = 0; k < per; ++k)
-                for (int64_t i = 0; i < sub; ++i) d[k * sub + i] = sc * (float)((c[i] >> (k * bits)) & mask);
-        }
+        if (bits == 4) unpack_group(src + (g0 >> 1), sc, 2, G, dst + g0);
+        else if (bits == 2) unpack_group(src + (g0 >> 2), sc, 4, G, dst + g0);
+        else unpack_group(src + g0, sc, 1, G, dst + g0);
     }
 }
+
+/* Software prefetch of a later history row: the rows of one KV head are 2*H*code_bytes apart
+ * and several streams (codes, meta, coefficients of every stored loop) interleave, more than the
+ * hardware prefetchers follow; without it the unpack waits on the codes' cache misses. */
+#define RQ_PREFETCH_AHEAD 4
 
 static inline const uint8_t *loop_codes(const rq_stored_loop *L, int64_t row, int kv, int64_t h) {
     return L->codes + row * L->codes_row + kv * L->codes_kv + h * L->codes_head;
@@ -128,6 +156,18 @@ static inline const uint8_t *loop_meta(const rq_stored_loop *L, int64_t row, int
 
 /* Weight of each chain member in x = deq_0 + c_0 (deq_1 + c_1 (... deq_anchor)):
  * w_0 = 1, w_k = c_0 ... c_{k-1} (c of member i = its least-squares coefficient, 1 without). */
+static inline void prefetch_row(const rq_stored_loop *chain, int n, int64_t row, int kv,
+                                int64_t h) {
+    for (int k = 0; k < n; ++k) {
+        const rq_stored_loop *L = &chain[k];
+        if (L->bits) {
+            __builtin_prefetch(loop_codes(L, row, kv, h));
+            __builtin_prefetch(loop_meta(L, row, kv, h));
+        }
+        if (L->coef) __builtin_prefetch(L->coef + row * L->coef_row + kv * L->coef_kv + h * L->coef_head);
+    }
+}
+
 static inline void chain_weights(const rq_stored_loop *chain, int n, int64_t row, int kv,
                                  int64_t h, float *w) {
     w[0] = 1.0f;
@@ -189,6 +229,8 @@ static inline __attribute__((always_inline)) void attend_item(const rq_problem *
             for (int64_t j = 0; j < nb; ++j) s[r * RQ_BLOCK_N + j] = 0.0f;
         for (int64_t j = 0; j < nb; ++j) {
             const int64_t row = kv_indices[p0 + j0 + j];
+            if (j0 + j + RQ_PREFETCH_AHEAD < np)
+                prefetch_row(chain, (int)n, kv_indices[p0 + j0 + j + RQ_PREFETCH_AHEAD], 0, h);
             chain_weights(chain, (int)n, row, 0, h, w + j * n);
             for (int64_t k = 0; k < n; ++k) {
                 const rq_stored_loop *L = &chain[k];
@@ -199,9 +241,7 @@ static inline __attribute__((always_inline)) void attend_item(const rq_problem *
                 for (int64_t r = 0; r < rows; ++r) {
                     const float *restrict qk = qp + (r * n + k) * D;
                     const float *restrict qsum = qs + (r * n + k) * NG;
-                    float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                    for (int64_t e = 0; e < D; ++e) dot += qk[e] * tmp[e];
+                    float dot = dot_f32(qk, tmp, D);
                     for (int64_t g = 0; g < NG; ++g) dot += goff[g] * qsum[g];
                     s[r * RQ_BLOCK_N + j] += wk * dot;
                 }
@@ -231,6 +271,8 @@ static inline __attribute__((always_inline)) void attend_item(const rq_problem *
         /* V side */
         for (int64_t j = 0; j < nb; ++j) {
             const int64_t row = kv_indices[p0 + j0 + j];
+            if (j0 + j + RQ_PREFETCH_AHEAD < np)
+                prefetch_row(chain, (int)n, kv_indices[p0 + j0 + j + RQ_PREFETCH_AHEAD], 1, h);
             chain_weights(chain, (int)n, row, 1, h, w + j * n);
             for (int64_t k = 0; k < n; ++k) {
                 const rq_stored_loop *L = &chain[k];
