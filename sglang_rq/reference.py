@@ -152,41 +152,51 @@ def _load_values(st: StoredLoop, seg: LoopSegment, head_dim: int, group_size: in
 
 
 def _rotate(x: torch.Tensor, rot: torch.Tensor | None, *, inverse: bool = False) -> torch.Tensor:
-    """``x [T, H, D] @ R[h]`` per head (``R^T`` when inverse); identity when ``rot`` is None."""
+    """``x [..., H, D] @ R[h]`` per head (``R^T`` when inverse); identity when ``rot`` is None."""
     if rot is None:
         return x
     r = rot.transpose(-1, -2) if inverse else rot
-    return torch.einsum("thd,hde->the", x, r.float())
+    return torch.einsum("...hd,hde->...he", x, r.float())
 
 
 # ----------------------------------------------------------------------------- encode / decode
 def encode(x_loops: torch.Tensor, *, segments: tuple[LoopSegment, ...], cfg: RQConfig,
            rotation: torch.Tensor | None) -> list[StoredLoop]:
-    """Compress every loop of one K-or-V tensor (reference commit).
+    """Compress every loop of K and/or V (reference commit).
 
     Parameters
     ----------
-    x_loops: ``[num_loops, num_tokens, num_kv_heads, head_dim]`` float (bf16/fp32).
+    x_loops: ``[num_loops, ..., num_kv_heads, head_dim]`` float (bf16/fp32); ``...`` is any
+        leading shape, e.g. ``[num_tokens]`` or ``[num_tokens, 2]`` (K and V together).
     segments: `layout.loop_segments` for the model and ``cfg``.
     rotation: ``[num_kv_heads, head_dim, head_dim]`` float32 (this layer's), or None.
 
     Returns
     -------
-    One `StoredLoop` per loop with ``codes [num_tokens, num_kv_heads, code_bytes]`` uint8,
-    ``meta [num_tokens, num_kv_heads, D/g, 2]`` uint8, ``coef [num_tokens, num_kv_heads]`` bf16.
+    One `StoredLoop` per loop with ``codes [..., num_kv_heads, code_bytes]`` uint8,
+    ``meta [..., num_kv_heads, D/g, 2]`` uint8, ``coef [..., num_kv_heads]`` bf16.
+
+    Note
+    ----
+    Loops of one dependency level with the same role and bits are quantized in one batch
+    (the arithmetic is elementwise or along head_dim, so batching changes no value).
     """
     x = x_loops.float()
     g = cfg.group_size
-    work = _rotate_all(x, rotation) if cfg.rotate_anchor else x  # basis of anchors and â
+    work = _rotate(x, rotation) if cfg.rotate_anchor else x  # basis of anchors and â
     recon: dict[int, torch.Tensor] = {}
     out: dict[int, StoredLoop] = {}
-    for seg in _dependency_order(segments):
-        xi = work[seg.loop_id]
+    for batch in _dependency_batches(segments):
+        ids = [s.loop_id for s in batch]
+        seg = batch[0]
+        xi = work[ids]  # [m, ..., H, D]
         if seg.role == "anchor":
             codes, meta, deq = _store_values(xi, seg, g)
-            out[seg.loop_id], recon[seg.loop_id] = StoredLoop(codes, meta, None), deq
+            for j, i in enumerate(ids):
+                out[i] = StoredLoop(codes[j], None if meta is None else meta[j], None)
+                recon[i] = deq[j]
             continue
-        base = recon[seg.base]
+        base = torch.stack([recon[s.base] for s in batch])
         if cfg.lsq:
             c = ((xi * base).sum(-1) / (base * base).sum(-1).clamp_min(LSQ_EPS)).to(torch.bfloat16)
         else:
@@ -197,8 +207,11 @@ def encode(x_loops: torch.Tensor, *, segments: tuple[LoopSegment, ...], cfg: RQC
         codes, meta, deq = _store_values(res, seg, g)
         if not cfg.rotate_anchor:
             deq = _rotate(deq, rotation, inverse=True)
-        recon[seg.loop_id] = c.float().unsqueeze(-1) * base + deq
-        out[seg.loop_id] = StoredLoop(codes, meta, c if cfg.lsq else None)
+        rec = c.float().unsqueeze(-1) * base + deq
+        for j, i in enumerate(ids):
+            recon[i] = rec[j]
+            out[i] = StoredLoop(codes[j], None if meta is None else meta[j],
+                                c[j] if cfg.lsq else None)
     return [out[i] for i in range(len(segments))]
 
 
@@ -225,20 +238,19 @@ def _decode_work(stored, loop_id, segments, cfg, rotation, head_dim) -> torch.Te
     return cf * base + vals
 
 
-def _rotate_all(x: torch.Tensor, rotation: torch.Tensor | None) -> torch.Tensor:
-    return torch.stack([_rotate(xi, rotation) for xi in x]) if rotation is not None else x
-
-
-def _dependency_order(segments: tuple[LoopSegment, ...]) -> list[LoopSegment]:
-    """Segments ordered so that every base comes before the loops stored against it."""
+def _dependency_batches(segments: tuple[LoopSegment, ...]) -> list[list[LoopSegment]]:
+    """Segments in batches: every base is in an earlier batch than the loops stored against it,
+    and a batch shares one role and one bit width."""
     done: set[int] = set()
-    order: list[LoopSegment] = []
-    while len(order) < len(segments):
-        for s in segments:
-            if s.loop_id not in done and (s.base == s.loop_id or s.base in done):
-                order.append(s)
-                done.add(s.loop_id)
-    return order
+    batches: list[list[LoopSegment]] = []
+    while len(done) < len(segments):
+        ready = [s for s in segments if s.loop_id not in done and (s.base == s.loop_id or s.base in done)]
+        by_kind: dict[tuple[str, int], list[LoopSegment]] = {}
+        for s in ready:
+            by_kind.setdefault((s.role == "anchor", s.bits), []).append(s)
+        batches.extend(by_kind.values())
+        done.update(s.loop_id for s in ready)
+    return batches
 
 
 # ----------------------------------------------------------------------------- attention
@@ -273,14 +285,14 @@ def commit_reference(k_loops: torch.Tensor, v_loops: torch.Tensor, loc: torch.Te
     loc: ``[num_tokens]`` int64, destination rows (slots) of the layer's buffers.
     view: the layer's compressed buffers (`CompressedLayerView`); written in place.
     """
-    for kv, x in enumerate((k_loops, v_loops)):
-        stored = encode(x, segments=view.segments, cfg=view.cfg, rotation=view.rotation_cpu(x))
-        for i, st in enumerate(stored):
-            view.codes[i][loc, kv] = st.codes.to(view.codes[i].device)
-            if view.meta[i] is not None:
-                view.meta[i][loc, kv] = st.meta.to(view.meta[i].device)
-            if view.coef[i] is not None:
-                view.coef[i][loc, kv] = st.coef.to(view.coef[i].device)
+    x = torch.stack([k_loops, v_loops], dim=2)  # [L, n, 2, H, D]: the pool rows' order
+    stored = encode(x, segments=view.segments, cfg=view.cfg, rotation=view.rotation_cpu(x))
+    for i, st in enumerate(stored):
+        view.codes[i][loc] = st.codes.to(view.codes[i].device)
+        if view.meta[i] is not None:
+            view.meta[i][loc] = st.meta.to(view.meta[i].device)
+        if view.coef[i] is not None:
+            view.coef[i][loc] = st.coef.to(view.coef[i].device)
 
 
 def gather_rows(view: CompressedLayerView, slots: torch.Tensor, kv: int) -> list[StoredLoop]:
