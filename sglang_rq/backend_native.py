@@ -39,7 +39,7 @@ class RQNativeAttnBackend(TorchNativeAttnBackend):
     not serve run its PyTorch twin, logged once and counted in
     ``sglang_rq_fallbacks_total{path="attention"}``."""
 
-    _cpu_path_reason: str | None = None  # "" once checked and served by the C path
+    _fallback_reason: str | None = None  # "" once checked and served by the fast path
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         """SGLang's plan, plus the committed-tokens counter: every token of this forward is
@@ -47,6 +47,26 @@ class RQNativeAttnBackend(TorchNativeAttnBackend):
         super().init_forward_metadata(forward_batch)
         metrics.count_committed(int(forward_batch.out_cache_loc.shape[0]))
         clipping.flush_for(self.token_to_kv_pool)
+        if self.fallback_reason():
+            metrics.count_fallback("attention")
+
+    def fallback_reason(self) -> str:
+        """Why this backend's fast path cannot serve the pool's KV format, so that its PyTorch
+        twin runs instead ("" when it can). Decided once (the format is fixed at start-up) and
+        logged once as a warning; every forward that runs the twin is counted in
+        ``sglang_rq_fallbacks_total{path="attention"}``."""
+        if self._fallback_reason is None:
+            view = self.token_to_kv_pool.group_views[0][0]
+            self._fallback_reason = self._path_unsupported(view) or ""
+            if self._fallback_reason:
+                logger.warning("%s: the fast attention path cannot serve this KV format (%s); "
+                               "running the PyTorch twin (slow)", type(self).__name__,
+                               self._fallback_reason)
+        return self._fallback_reason
+
+    @staticmethod
+    def _path_unsupported(view) -> str | None:
+        return cpu_attention.fallback_reason(view)
 
     def forward_extend(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch,
                        save_kv_cache: bool = True, **kwargs):
@@ -78,13 +98,6 @@ class RQNativeAttnBackend(TorchNativeAttnBackend):
                                  dtype=torch.int64)
         grp, pos = divmod(loop, pool.group_len)
         view = pool.group_views[phys][grp]
-        if self._cpu_path_reason is None:
-            self._cpu_path_reason = cpu_attention.fallback_reason(view) or ""
-            if self._cpu_path_reason:
-                logger.warning("rq_native: the C attention path cannot serve this format (%s); "
-                               "running the PyTorch twin (slow)", self._cpu_path_reason)
-        if self._cpu_path_reason and loop == 0 and phys == 0:
-            metrics.count_fallback("attention")  # once per forward
         out = cpu_attention.extend_attention_cpu(q3, k3, v3, view, pos, qo_indptr, kv_indptr,
                                                  kv_indices, sm_scale=layer.scaling)
         self._count_nonfinite_once(out, loop, phys)

@@ -69,6 +69,12 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
 
     rq_graph: RQGraphBuffers | None = None
 
+    @staticmethod
+    def _path_unsupported(view) -> str | None:
+        from rq_kernels import unsupported_reason
+
+        return unsupported_reason(view)
+
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         """Eager plan: buffers sized by this forward's host-known history length."""
         super().init_forward_metadata(forward_batch)
@@ -131,6 +137,8 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
         if not in_capture:
             metrics.count_committed(bs)
             clipping.flush_for(self.token_to_kv_pool)  # at most once a second
+            if self.fallback_reason():
+                metrics.count_fallback("attention")
 
     def init_forward_metadata_in_graph(self, forward_batch: ForwardBatch) -> None:
         """Graph-recorded part: the decode plan into the static buffers (`plan_history`)."""

@@ -107,7 +107,8 @@ def _create() -> dict[str, Any]:
                              "Tokens whose attention output held NaN or Inf "
                              "(last layer, last loop)."),
         "fallback": Counter(PREFIX + "fallbacks",
-                            "Forwards that used the reference codec on a device with kernels.",
+                            "Forwards that ran the PyTorch twin instead of the fast path "
+                            "(commit: CUDA kernels; attention: CUDA kernels or the CPU library).",
                             ("path",)),
     }
     for path in FALLBACK_PATHS:
@@ -224,7 +225,7 @@ def count_nonfinite(out: torch.Tensor) -> int:
 
 
 def count_fallback(path: str) -> None:
-    """One forward fell back to the reference codec for ``path`` (``commit`` or ``attention``)."""
+    """One forward ran the PyTorch twin for ``path`` (``commit`` or ``attention``)."""
     if path not in FALLBACK_PATHS:
         raise ValueError(f"unknown fallback path {path!r}; expected one of {FALLBACK_PATHS}")
     fams = _get()

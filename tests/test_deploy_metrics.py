@@ -157,6 +157,10 @@ def test_committed_tokens_count_every_forwarded_token(servers):
     assert len(out) == 5
     assert after - before == len(prompt) + len(out) - 1  # the last sampled token is never forwarded
     assert sample(scrape(rq.url), "sglang_rq_nonfinite_attention_outputs_total") == 0
+    # The default format is served by the C attention path (rq_kernels.cpu_attention), not by
+    # the PyTorch twin; a format it cannot serve would count here once per forward.
+    assert sample(scrape(rq.url), "sglang_rq_fallbacks_total", 'path="attention"') == 0
+    assert "running the PyTorch twin" not in rq.log()
 
 
 def test_canary_ready_on_correct_answer(servers):
