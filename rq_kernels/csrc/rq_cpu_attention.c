@@ -178,6 +178,80 @@ static inline void chain_weights(const rq_stored_loop *chain, int n, int64_t row
     }
 }
 
+/* Fused paths for one query row (decode with MHA): the codes are converted in registers and
+ * consumed at once, no scratch row. K: sum_g s_g (q'_g . codes_g) + m_g sum(q'_g), with the
+ * group's partial dot kept in vector registers and scaled by s_g before one final reduction. */
+static inline __attribute__((always_inline)) float k_dot_fused(const uint8_t *restrict codes,
+                                                              const uint8_t *restrict meta,
+                                                              const float *restrict qk,
+                                                              const float *restrict qsum,
+                                                              const int PER, const int64_t D,
+                                                              const int64_t G) {
+    const int64_t sub = G / PER;
+    const int bits = 8 / PER;
+    const uint8_t mask = (uint8_t)((1 << bits) - 1);
+    f32x8 tot = {0};
+    float offs = 0.0f, tail = 0.0f;
+    for (int64_t g0 = 0, gi = 0; g0 < D; g0 += G, ++gi) {
+        const float sc = fp8_e4m3fn_table[meta[2 * gi]];
+        offs += fp8_e4m3fn_table[meta[2 * gi + 1]] * qsum[gi];
+        const uint8_t *restrict c = codes + g0 / PER;
+        const float *restrict qg = qk + g0;
+        if (sub % 8 == 0) {
+            f32x8 a0 = {0}, a1 = {0};
+            for (int64_t i = 0; i < sub; i += 8) {
+                u8x8 v;
+                memcpy(&v, c + i, sizeof v);
+                for (int k = 0; k < PER; ++k) {
+                    const u8x8 cv = (v >> (k * bits)) & mask;
+                    const f32x8 f = __builtin_convertvector(__builtin_convertvector(cv, i32x8), f32x8);
+                    if (k & 1) a1 += load8f(qg + k * sub + i) * f;
+                    else a0 += load8f(qg + k * sub + i) * f;
+                }
+            }
+            tot += sc * (a0 + a1);
+        } else {
+            float a = 0.0f;
+            for (int k = 0; k < PER; ++k)
+                for (int64_t i = 0; i < sub; ++i) a += qg[k * sub + i] * (float)((c[i] >> (k * bits)) & mask);
+            tail += sc * a;
+        }
+    }
+    return (((tot[0] + tot[1]) + (tot[2] + tot[3])) + ((tot[4] + tot[5]) + (tot[6] + tot[7]))) + tail + offs;
+}
+
+/* V: ar[D] += pw * s_g * codes (plane order), offr[g] += pw * m_g. */
+static inline __attribute__((always_inline)) void v_axpy_fused(const uint8_t *restrict codes,
+                                                              const uint8_t *restrict meta,
+                                                              float pw, float *restrict ar,
+                                                              float *restrict offr, const int PER,
+                                                              const int64_t D, const int64_t G) {
+    const int64_t sub = G / PER;
+    const int bits = 8 / PER;
+    const uint8_t mask = (uint8_t)((1 << bits) - 1);
+    for (int64_t g0 = 0, gi = 0; g0 < D; g0 += G, ++gi) {
+        const float a = pw * fp8_e4m3fn_table[meta[2 * gi]];
+        offr[gi] += pw * fp8_e4m3fn_table[meta[2 * gi + 1]];
+        const uint8_t *restrict c = codes + g0 / PER;
+        float *restrict dg = ar + g0;
+        if (sub % 8 == 0) {
+            for (int64_t i = 0; i < sub; i += 8) {
+                u8x8 v;
+                memcpy(&v, c + i, sizeof v);
+                for (int k = 0; k < PER; ++k) {
+                    const u8x8 cv = (v >> (k * bits)) & mask;
+                    const f32x8 f = load8f(dg + k * sub + i)
+                        + a * __builtin_convertvector(__builtin_convertvector(cv, i32x8), f32x8);
+                    memcpy(dg + k * sub + i, &f, sizeof f);
+                }
+            }
+        } else {
+            for (int k = 0; k < PER; ++k)
+                for (int64_t i = 0; i < sub; ++i) dg[k * sub + i] += a * (float)((c[i] >> (k * bits)) & mask);
+        }
+    }
+}
+
 typedef struct {
     int64_t HQ, GQ, QT, D, n;
     const float *q;
@@ -235,9 +309,18 @@ static inline __attribute__((always_inline)) void attend_item(const rq_problem *
             for (int64_t k = 0; k < n; ++k) {
                 const rq_stored_loop *L = &chain[k];
                 if (!L->bits) continue;
+                const float wk = w[j * n + k];
+                if (rows == 1) {
+                    const uint8_t *cd = loop_codes(L, row, 0, h), *mt = loop_meta(L, row, 0, h);
+                    const float *qk = qp + k * D, *qsum = qs + k * NG;
+                    const float dot = L->bits == 4 ? k_dot_fused(cd, mt, qk, qsum, 2, D, G)
+                                    : L->bits == 2 ? k_dot_fused(cd, mt, qk, qsum, 4, D, G)
+                                                   : k_dot_fused(cd, mt, qk, qsum, 1, D, G);
+                    s[j] += wk * dot;
+                    continue;
+                }
                 unpack_scaled(loop_codes(L, row, 0, h), loop_meta(L, row, 0, h), L->bits, D, G,
                               tmp, goff);
-                const float wk = w[j * n + k];
                 for (int64_t r = 0; r < rows; ++r) {
                     const float *restrict qk = qp + (r * n + k) * D;
                     const float *restrict qsum = qs + (r * n + k) * NG;
@@ -277,9 +360,18 @@ static inline __attribute__((always_inline)) void attend_item(const rq_problem *
             for (int64_t k = 0; k < n; ++k) {
                 const rq_stored_loop *L = &chain[k];
                 if (!L->bits) continue;
+                const float wk = w[j * n + k];
+                if (rows == 1) {
+                    const uint8_t *cd = loop_codes(L, row, 1, h), *mt = loop_meta(L, row, 1, h);
+                    const float pw = s[j] * wk;
+                    float *ar = acc + k * D;
+                    if (L->bits == 4) v_axpy_fused(cd, mt, pw, ar, off, 2, D, G);
+                    else if (L->bits == 2) v_axpy_fused(cd, mt, pw, ar, off, 4, D, G);
+                    else v_axpy_fused(cd, mt, pw, ar, off, 1, D, G);
+                    continue;
+                }
                 unpack_scaled(loop_codes(L, row, 1, h), loop_meta(L, row, 1, h), L->bits, D, G,
                               tmp, goff);
-                const float wk = w[j * n + k];
                 for (int64_t r = 0; r < rows; ++r) {
                     const float pw = s[r * RQ_BLOCK_N + j] * wk;
                     float *restrict ar = acc + (r * n + k) * D;
