@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -143,14 +144,33 @@ def _stored_loops(view: CompressedLayerView, chain: list[int]) -> ctypes.Array:
     return arr
 
 
+# The pool's views live as long as the server and their buffers never move, so each (view,
+# loop)'s argument block is built once, keyed by the view's id; a finalizer drops the entry when
+# the view is collected, so a later object reusing the id never sees it.
+_ARGS: dict[int, dict[int, tuple[ctypes.Array, int]]] = {}
+
+
+def _loop_args(view: CompressedLayerView, loop_id: int) -> tuple[ctypes.Array, int]:
+    key = id(view)
+    per_view = _ARGS.get(key)
+    if per_view is None:
+        per_view = _ARGS[key] = {}
+        weakref.finalize(view, _ARGS.pop, key, None)
+    if loop_id not in per_view:
+        chain = _chain(view, loop_id)
+        per_view[loop_id] = (_stored_loops(view, chain), len(chain))
+    return per_view[loop_id]
+
+
 def _chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo: list[int],
                      sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal attention of each request's chunk on itself: ``[T, HQ, D]`` fp32 and lse ``[T, HQ]``."""
     T, HQ, D = q.shape
     gq = HQ // k.shape[1]
-    if all(qo[b + 1] - qo[b] == 1 for b in range(len(qo) - 1)):  # decode: the token itself
-        kq = k.repeat_interleave(gq, dim=1)
-        return v.repeat_interleave(gq, dim=1), (q * kq).sum(-1) * sm_scale
+    if qo[-1] == len(qo) - 1:  # decode (one row per request): the token itself
+        if gq > 1:
+            k, v = k.repeat_interleave(gq, dim=1), v.repeat_interleave(gq, dim=1)
+        return v, (q * k).sum(-1) * sm_scale
     out, lse = torch.empty_like(q), q.new_empty(T, HQ)
     for b in range(len(qo) - 1):
         s, e = qo[b], qo[b + 1]
@@ -224,19 +244,20 @@ def extend_attention_cpu(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tens
     qo64 = qo_indptr.to(torch.int64).contiguous()
     kv64 = kv_indptr.to(torch.int64).contiguous()
     idx64 = kv_indices.to(torch.int64).contiguous()
-    chain = _chain(view, loop_id)
+    chain_args, chain_len = _loop_args(view, loop_id)
     rc = library().rq_history_attention(
         len(qo_list) - 1, HQ, HKV, D, g, q_rot.data_ptr(), qo64.data_ptr(), kv64.data_ptr(),
-        idx64.data_ptr(), _stored_loops(view, chain), len(chain), float(sm_scale),
-        hist.data_ptr(), lse_h.data_ptr())
+        idx64.data_ptr(), chain_args, chain_len, float(sm_scale), hist.data_ptr(),
+        lse_h.data_ptr())
     if rc != 0:
         raise RuntimeError(f"rq_history_attention failed with code {rc}")
     if rot is not None:
         hist = torch.einsum("tkge,kde->tkgd", hist.view(T, HKV, gq, D), rot.float()).reshape(T, HQ, D)
     chunk, lse_c = _chunk_attention(qf, k_cur.float(), v_cur.float(), qo_list, sm_scale)
-    m = torch.maximum(lse_h, lse_c)
-    w_h, w_c = torch.exp(lse_h - m), torch.exp(lse_c - m)
-    merged = (hist * w_h.unsqueeze(-1) + chunk * w_c.unsqueeze(-1)) / (w_h + w_c).unsqueeze(-1)
+    # LSE merge: the history's share is e^lse_h / (e^lse_h + e^lse_c) = sigmoid(lse_h - lse_c)
+    # (0 for an empty history, lse_h = -inf).
+    share = torch.sigmoid(lse_h - lse_c).unsqueeze(-1)
+    merged = torch.lerp(chunk, hist, share)
     if out is None:
         return merged.to(q.dtype).contiguous()
     out.copy_(merged)
