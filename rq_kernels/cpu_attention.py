@@ -53,6 +53,18 @@ class _StoredLoop(ctypes.Structure):
     ]
 
 
+class _CommitLoop(ctypes.Structure):
+    _fields_ = [
+        ("codes", ctypes.c_void_p), ("codes_row", ctypes.c_int64), ("codes_kv", ctypes.c_int64),
+        ("codes_head", ctypes.c_int64),
+        ("meta", ctypes.c_void_p), ("meta_row", ctypes.c_int64), ("meta_kv", ctypes.c_int64),
+        ("meta_head", ctypes.c_int64),
+        ("coef", ctypes.c_void_p), ("coef_row", ctypes.c_int64), ("coef_kv", ctypes.c_int64),
+        ("coef_head", ctypes.c_int64),
+        ("bits", ctypes.c_int32), ("base", ctypes.c_int32),
+    ]
+
+
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _error: str | None = None
@@ -92,6 +104,10 @@ def _build() -> ctypes.CDLL:
     fn.argtypes = [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 4 + [
         ctypes.POINTER(_StoredLoop), ctypes.c_int64, ctypes.c_float, ctypes.c_void_p,
         ctypes.c_void_p]
+    fn = lib.rq_commit
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 2 + [
+        ctypes.POINTER(_CommitLoop), ctypes.c_void_p, ctypes.c_int32]
     return lib
 
 
@@ -262,3 +278,77 @@ def extend_attention_cpu(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tens
         return merged.to(q.dtype).contiguous()
     out.copy_(merged)
     return out
+
+
+# ----------------------------------------------------------------------------- commit
+def commit_fallback_reason(view: CompressedLayerView) -> str | None:
+    """Why `commit_cpu` would run the twin for ``view`` (None: the C path serves it)."""
+    for seg in view.segments:
+        if seg.bits not in (0, 2, 4, 8) or (seg.role == "anchor" and seg.bits == 0):
+            return f"loop {seg.loop_id} has {seg.bits} bits"
+    if view.rotation is not None and not view.cfg.rotate_anchor:
+        return "rotate_anchor=False"
+    if view.head_dim > MAX_HEAD_DIM or len(view.segments) > MAX_CHAIN:
+        return f"head_dim={view.head_dim} or {len(view.segments)} loops out of range"
+    return library_error()
+
+
+_COMMIT_ARGS: dict[int, tuple[ctypes.Array, torch.Tensor]] = {}
+
+
+def _commit_args(view: CompressedLayerView) -> tuple[ctypes.Array, torch.Tensor]:
+    key = id(view)
+    if key not in _COMMIT_ARGS:
+        segs = view.segments
+        arr = (_CommitLoop * len(segs))()
+        for slot, seg in zip(arr, segs):
+            i = seg.loop_id
+            slot.bits, slot.base = seg.bits, seg.base
+            if seg.bits:
+                slot.codes, slot.meta = view.codes[i].data_ptr(), view.meta[i].data_ptr()
+                slot.codes_row, slot.codes_kv, slot.codes_head = view.codes[i].stride()[:3]
+                slot.meta_row, slot.meta_kv, slot.meta_head = view.meta[i].stride()[:3]
+            if view.coef[i] is not None:
+                slot.coef = view.coef[i].data_ptr()
+                slot.coef_row, slot.coef_kv, slot.coef_head = view.coef[i].stride()[:3]
+        order, done = [], set()
+        while len(order) < len(segs):  # every base before the loops stored against it
+            for seg in segs:
+                if seg.loop_id not in done and (seg.base == seg.loop_id or seg.base in done):
+                    order.append(seg.loop_id)
+                    done.add(seg.loop_id)
+        _COMMIT_ARGS[key] = (arr, torch.tensor(order, dtype=torch.int32))
+        weakref.finalize(view, _COMMIT_ARGS.pop, key, None)
+    return _COMMIT_ARGS[key]
+
+
+def commit_cpu(k_loops: torch.Tensor, v_loops: torch.Tensor, loc: torch.Tensor,
+               view: CompressedLayerView) -> None:
+    """Compress every loop of ``num_tokens`` tokens into pool rows ``loc`` on CPU.
+
+    Same signature and semantics as `sglang_rq.reference.commit_reference` (its twin) and
+    `rq_kernels.commit`: ``k_loops``/``v_loops`` ``[num_loops, num_tokens, num_kv_heads,
+    head_dim]`` float, ``loc`` ``[num_tokens]`` integer rows (distinct), ``view`` written in place.
+    The rotation is the twin's own einsum; the C library then quantizes each (token, K-or-V, head)
+    in the twin's arithmetic order (DESIGN.md section 1), so every byte equals the twin's except
+    where the least-squares dot products, summed in another order, round ``c`` to the other
+    bf16 neighbour (a tie flip). Formats `commit_fallback_reason` names run the twin.
+    """
+    if commit_fallback_reason(view) is not None:
+        from sglang_rq.reference import commit_reference  # the twin (issue 11: moves)
+
+        commit_reference(k_loops, v_loops, loc, view)
+        return
+    x = torch.stack([k_loops, v_loops], dim=2).float()  # [L, T, 2, H, D], the pool rows' order
+    if view.rotation is not None:
+        x = torch.einsum("...hd,hde->...he", x, view.rotation.float())
+    x = x.contiguous()
+    L, T, _, H, D = x.shape
+    if T == 0:
+        return
+    loc64 = loc.to(torch.int64).contiguous()
+    loops, order = _commit_args(view)
+    rc = library().rq_commit(L, T, H, D, view.cfg.group_size, x.data_ptr(), loc64.data_ptr(),
+                             loops, order.data_ptr(), int(view.cfg.lsq))
+    if rc != 0:
+        raise RuntimeError(f"rq_commit failed with code {rc}")

@@ -27,6 +27,7 @@ import torch
 
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
+from rq_kernels.cpu_attention import commit_cpu
 from sglang_rq import metrics
 from sglang_rq.clipping import ClipCounter
 from sglang_rq.config import RQConfig
@@ -174,6 +175,8 @@ class RQTokenToKVPool(MHATokenToKVPool):
             from rq_kernels.commit import commit
 
             commit(k_loops, v_loops, loc, view)
+        elif not loc.is_cuda:
+            commit_cpu(k_loops, v_loops, loc, view)  # the C library; its twin where it cannot
         else:
             commit_reference(k_loops, v_loops, loc, view)
         for i, meta in enumerate(view.meta):  # FP8 fields at +-448: clipped groups

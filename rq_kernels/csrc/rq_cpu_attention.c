@@ -486,3 +486,147 @@ int rq_history_attention(int64_t B, int64_t HQ, int64_t HKV, int64_t D, int64_t 
     free(item);
     return failed ? -3 : 0;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Commit: quantize every loop of new tokens into the pool (the reference codec's arithmetic,  */
+/* sglang_rq/reference.py `encode`, in its order; DESIGN.md section 1).                       */
+
+/* Largest (down) or smallest (up) FP8 e4m3fn value <= / >= x, x clamped to +-448, as a byte.
+ * Zero keeps the sign of a zero x (what torch's cast of the same float stores). */
+static uint8_t fp8_round_byte(float x, int up) {
+    if (x != x) return 0x7f;
+    if (x > 448.0f) x = 448.0f;
+    if (x < -448.0f) x = -448.0f;
+    if (x == 0.0f) return signbit(x) ? 0x80 : 0x00;
+    /* positive magnitudes: codes 0x00..0x7e are increasing */
+    const float a = fabsf(x);
+    int lo = 0, hi = 0x7e;  /* largest code with value <= a */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (fp8_e4m3fn_table[mid] <= a) lo = mid; else hi = mid - 1;
+    }
+    int code = lo;  /* value <= a */
+    const int exact = fp8_e4m3fn_table[code] == a;
+    const int toward_zero = (x > 0) ? !up : up;  /* down on positives / up on negatives */
+    if (!exact && !toward_zero) code += 1;       /* away from zero: next code up in magnitude */
+    if (code == 0) return (x > 0) ? 0x00 : 0x80;
+    return (uint8_t)(x > 0 ? code : (code | 0x80));
+}
+
+static inline uint16_t float_to_bf16_rne(float f) {
+    union { float f; uint32_t u; } c = {f};
+    if ((c.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((c.u >> 16) | 0x40);  /* NaN */
+    const uint32_t rounding = 0x7fffu + ((c.u >> 16) & 1u);
+    return (uint16_t)((c.u + rounding) >> 16);
+}
+
+/* Quantize x[D] with `bits` in groups of G into packed codes, meta bytes, and deq[D]. */
+static void quantize_pack(const float *x, int bits, int64_t D, int64_t G, uint8_t *codes,
+                          uint8_t *meta, float *deq) {
+    const int per = 8 / bits;
+    const float levels = (float)((1 << bits) - 1);
+    memset(codes, 0, (size_t)(D / per));
+    for (int64_t g0 = 0, gi = 0; g0 < D; g0 += G, ++gi) {
+        float mn = x[g0], mxv = x[g0];
+        for (int64_t e = g0 + 1; e < g0 + G; ++e) {
+            mn = x[e] < mn ? x[e] : mn;
+            mxv = x[e] > mxv ? x[e] : mxv;
+        }
+        const uint8_t ob = fp8_round_byte(mn, 0);
+        const float off = fp8_e4m3fn_table[ob];
+        const float range = mxv - off;
+        const uint8_t sb = fp8_round_byte(range / levels, 1);
+        const float sc = fp8_e4m3fn_table[sb];
+        meta[2 * gi] = sb;
+        meta[2 * gi + 1] = ob;
+        for (int64_t e = g0; e < g0 + G; ++e) {
+            float q = 0.0f;
+            if (sc > 0.0f) {
+                const float t = (x[e] - off) / sc + 0.5f;
+                q = floorf(t);
+                q = q < 0.0f ? 0.0f : (q > levels ? levels : q);
+            }
+            const float prod = sc * q;
+            deq[e] = off + prod;
+            codes[e / per] |= (uint8_t)((int)q << ((e % per) * bits));
+        }
+    }
+}
+
+typedef struct {
+    uint8_t *codes;
+    int64_t codes_row, codes_kv, codes_head;
+    uint8_t *meta;
+    int64_t meta_row, meta_kv, meta_head;
+    uint16_t *coef;
+    int64_t coef_row, coef_kv, coef_head;
+    int32_t bits;   /* 0, 2, 4 or 8 */
+    int32_t base;   /* loop id of the base (== own id for an anchor) */
+} rq_commit_loop;
+
+/*
+ * x     [L, T, 2, H, D] float32 contiguous: every loop's K (index 0) and V (1) of T tokens,
+ *       already rotated when the format rotates (the reference's `work`).
+ * loc   [T] int64 pool rows.
+ * loops L entries; order: L loop ids, every base before the loops stored against it.
+ * lsq   1: c_i = bf16(<x_i, base> / max(<base, base>, 1e-12)) stored in coef; 0: c_i = 1.
+ * Returns 0, -1 (D > RQ_MAX_D, G, or L > RQ_MAX_CHAIN), -2 (bad bits).
+ */
+int rq_commit(int64_t L, int64_t T, int64_t H, int64_t D, int64_t G, const float *x,
+              const int64_t *loc, const rq_commit_loop *loops, const int32_t *order, int32_t lsq) {
+    if (D > RQ_MAX_D || G <= 0 || D % G != 0 || L < 1 || L > RQ_MAX_CHAIN) return -1;
+    for (int64_t i = 0; i < L; ++i) {
+        const int b = loops[i].bits;
+        if (!(b == 0 || b == 2 || b == 4 || b == 8) || (b && G % (8 / b) != 0)) return -2;
+        if (loops[i].base == i && b == 0) return -2;
+    }
+    if (!fp8_table_ready) build_fp8_table();
+    const int64_t units = T * 2 * H;
+#pragma omp parallel for schedule(static)
+    for (int64_t u = 0; u < units; ++u) {
+        const int64_t t = u / (2 * H), kv = (u / H) % 2, h = u % H;
+        float recon[RQ_MAX_CHAIN][RQ_MAX_D], res[RQ_MAX_D], deq[RQ_MAX_D];
+        uint8_t codes[RQ_MAX_D], meta[RQ_MAX_D / 8 * 2 + 2];
+        const int64_t row = loc[t];
+        for (int64_t oi = 0; oi < L; ++oi) {
+            const int64_t i = order[oi];
+            const rq_commit_loop *S = &loops[i];
+            const float *xi = x + (((i * T + t) * 2 + kv) * H + h) * D;
+            const int64_t per = S->bits ? 8 / S->bits : 1;
+            if (S->base == i) { /* anchor */
+                quantize_pack(xi, S->bits, D, G, codes, meta, recon[i]);
+            } else {
+                const float *base = recon[S->base];
+                float c = 1.0f;
+                uint16_t cb = 0x3f80;
+                if (lsq) {
+                    float num = 0.0f, den = 0.0f;
+                    for (int64_t e = 0; e < D; ++e) {
+                        num += xi[e] * base[e];
+                        den += base[e] * base[e];
+                    }
+                    cb = float_to_bf16_rne(num / (den > 1e-12f ? den : 1e-12f));
+                    c = bf16_to_float(cb);
+                }
+                for (int64_t e = 0; e < D; ++e) {
+                    const float cbase = c * base[e];
+                    res[e] = xi[e] - cbase;
+                }
+                if (S->bits) quantize_pack(res, S->bits, D, G, codes, meta, deq);
+                else memset(deq, 0, sizeof(float) * (size_t)D);
+                for (int64_t e = 0; e < D; ++e) {
+                    const float cbase = c * base[e];
+                    recon[i][e] = cbase + deq[e];
+                }
+                if (S->coef) S->coef[row * S->coef_row + kv * S->coef_kv + h * S->coef_head] = cb;
+            }
+            if (S->bits) {
+                memcpy(S->codes + row * S->codes_row + kv * S->codes_kv + h * S->codes_head, codes,
+                       (size_t)(D / per));
+                memcpy(S->meta + row * S->meta_row + kv * S->meta_kv + h * S->meta_head, meta,
+                       (size_t)(2 * (D / G)));
+            }
+        }
+    }
+    return 0;
+}
