@@ -49,18 +49,6 @@ class _StoredLoop(ctypes.Structure):
         ("meta_head", ctypes.c_int64),
         ("coef", ctypes.c_void_p), ("coef_row", ctypes.c_int64), ("coef_kv", ctypes.c_int64),
         ("coef_head", ctypes.c_int64),
-        ("bits", ctypes.c_int32), ("pad_", ctypes.c_int32),
-    ]
-
-
-class _CommitLoop(ctypes.Structure):
-    _fields_ = [
-        ("codes", ctypes.c_void_p), ("codes_row", ctypes.c_int64), ("codes_kv", ctypes.c_int64),
-        ("codes_head", ctypes.c_int64),
-        ("meta", ctypes.c_void_p), ("meta_row", ctypes.c_int64), ("meta_kv", ctypes.c_int64),
-        ("meta_head", ctypes.c_int64),
-        ("coef", ctypes.c_void_p), ("coef_row", ctypes.c_int64), ("coef_kv", ctypes.c_int64),
-        ("coef_head", ctypes.c_int64),
         ("bits", ctypes.c_int32), ("base", ctypes.c_int32),
     ]
 
@@ -107,7 +95,7 @@ def _build() -> ctypes.CDLL:
     fn = lib.rq_commit
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 2 + [
-        ctypes.POINTER(_CommitLoop), ctypes.c_void_p, ctypes.c_int32]
+        ctypes.POINTER(_StoredLoop), ctypes.c_void_p, ctypes.c_int32]
     return lib
 
 
@@ -149,7 +137,8 @@ def _stored_loops(view: CompressedLayerView, chain: list[int]) -> ctypes.Array:
     arr = (_StoredLoop * len(chain))()
     for slot, i in zip(arr, chain):
         codes, meta, coef = view.codes[i], view.meta[i], view.coef[i]
-        slot.codes, slot.bits = codes.data_ptr(), view.segments[i].bits
+        seg = view.segments[i]
+        slot.codes, slot.bits, slot.base = codes.data_ptr(), seg.bits, seg.base
         slot.codes_row, slot.codes_kv, slot.codes_head = codes.stride()[:3]
         if meta is not None:
             slot.meta = meta.data_ptr()
@@ -300,17 +289,7 @@ def _commit_args(view: CompressedLayerView) -> tuple[ctypes.Array, torch.Tensor]
     key = id(view)
     if key not in _COMMIT_ARGS:
         segs = view.segments
-        arr = (_CommitLoop * len(segs))()
-        for slot, seg in zip(arr, segs):
-            i = seg.loop_id
-            slot.bits, slot.base = seg.bits, seg.base
-            if seg.bits:
-                slot.codes, slot.meta = view.codes[i].data_ptr(), view.meta[i].data_ptr()
-                slot.codes_row, slot.codes_kv, slot.codes_head = view.codes[i].stride()[:3]
-                slot.meta_row, slot.meta_kv, slot.meta_head = view.meta[i].stride()[:3]
-            if view.coef[i] is not None:
-                slot.coef = view.coef[i].data_ptr()
-                slot.coef_row, slot.coef_kv, slot.coef_head = view.coef[i].stride()[:3]
+        arr = _stored_loops(view, [seg.loop_id for seg in segs])
         order, done = [], set()
         while len(order) < len(segs):  # every base before the loops stored against it
             for seg in segs:

@@ -24,15 +24,16 @@
 #define RQ_BLOCK_N 32   /* history tokens rebuilt per scratch block */
 #define RQ_MAX_D 256
 
+/* One stored loop of one layer in the pool (attention reads it, commit writes it). */
 typedef struct {
-    const uint8_t *codes;
+    uint8_t *codes;
     int64_t codes_row, codes_kv, codes_head;
-    const uint8_t *meta;  /* NULL: no scale/offset (0-bit loop) */
+    uint8_t *meta;        /* NULL: no scale/offset (0-bit loop) */
     int64_t meta_row, meta_kv, meta_head;
-    const uint16_t *coef; /* NULL: c = 1 */
+    uint16_t *coef;       /* NULL: c = 1 */
     int64_t coef_row, coef_kv, coef_head;
     int32_t bits;         /* 0, 2, 4 or 8 */
-    int32_t pad_;
+    int32_t base;         /* loop id of the base (== own id for an anchor); read by commit */
 } rq_stored_loop;
 
 static float fp8_e4m3fn_table[256];
@@ -553,17 +554,6 @@ static void quantize_pack(const float *x, int bits, int64_t D, int64_t G, uint8_
     }
 }
 
-typedef struct {
-    uint8_t *codes;
-    int64_t codes_row, codes_kv, codes_head;
-    uint8_t *meta;
-    int64_t meta_row, meta_kv, meta_head;
-    uint16_t *coef;
-    int64_t coef_row, coef_kv, coef_head;
-    int32_t bits;   /* 0, 2, 4 or 8 */
-    int32_t base;   /* loop id of the base (== own id for an anchor) */
-} rq_commit_loop;
-
 /*
  * x     [L, T, 2, H, D] float32 contiguous: every loop's K (index 0) and V (1) of T tokens,
  *       already rotated when the format rotates (the reference's `work`).
@@ -573,7 +563,7 @@ typedef struct {
  * Returns 0, -1 (D > RQ_MAX_D, G, or L > RQ_MAX_CHAIN), -2 (bad bits).
  */
 int rq_commit(int64_t L, int64_t T, int64_t H, int64_t D, int64_t G, const float *x,
-              const int64_t *loc, const rq_commit_loop *loops, const int32_t *order, int32_t lsq) {
+              const int64_t *loc, const rq_stored_loop *loops, const int32_t *order, int32_t lsq) {
     if (D > RQ_MAX_D || G <= 0 || D % G != 0 || L < 1 || L > RQ_MAX_CHAIN) return -1;
     for (int64_t i = 0; i < L; ++i) {
         const int b = loops[i].bits;
@@ -590,7 +580,7 @@ int rq_commit(int64_t L, int64_t T, int64_t H, int64_t D, int64_t G, const float
         const int64_t row = loc[t];
         for (int64_t oi = 0; oi < L; ++oi) {
             const int64_t i = order[oi];
-            const rq_commit_loop *S = &loops[i];
+            const rq_stored_loop *S = &loops[i];
             const float *xi = x + (((i * T + t) * 2 + kv) * H + h) * D;
             const int64_t per = S->bits ? 8 / S->bits : 1;
             if (S->base == i) { /* anchor */
