@@ -4,9 +4,10 @@
 
 Token-major (`sglang_rq.pool`): codes/meta ``[rows, 2, H, bytes]``, so one (token, head) piece is
 64 B of anchor K codes at a 2 KB row stride (Ouro). Head-major: the same logical views over
-``[2, H, rows, bytes]`` storage (`rq_kernels.testing.make_view(head_major=True)`), so one head's
-consecutive tokens are contiguous. Requests occupy consecutive rows, as a fresh request does in
-SGLang's allocator. Same kernels, same launch config; CUDA-graph replay, `do_bench` median.
+``[2, H, rows, bytes]`` storage (``make_view(head_major=True)`` of tests/kernels/views.py), so
+one head's consecutive tokens are contiguous. Requests occupy consecutive rows, as a fresh
+request does in SGLang's allocator. Same kernels, same launch config; CUDA-graph replay,
+`do_bench` median.
 Writes ``DIR/bench_pool_layout.json``.
 """
 

@@ -10,7 +10,7 @@ import time
 import torch
 import triton
 
-from rq_kernels.testing import make_view
+from tests.kernels.views import make_view
 
 
 def graph_ms(fn, *, warmup: int = 25, rep: int = 100) -> float:

@@ -5,8 +5,10 @@
   in-flight token;
 * `extend_attention` -- compressed prefix + causal BF16 chunk (prefill / chunked prefill).
 
-Device code lives in ``rq_kernels/triton/``; every launcher has a pure-torch twin with the same
-signature in `sglang_rq.reference` and falls back to it for formats the kernels do not cover.
+Device code lives in ``rq_kernels/triton/``; the argument types in `rq_kernels.view`. Every
+launcher has a pure-torch twin with the same signature in `sglang_rq.reference` and raises
+ValueError for a format the kernels do not cover; the serving package decides which of the two
+runs. This package imports nothing from the serving package.
 """
 
 from rq_kernels._host import unsupported_reason

@@ -8,7 +8,7 @@ import torch
 import triton
 
 if TYPE_CHECKING:
-    from sglang_rq.reference import CompressedLayerView
+    from rq_kernels.view import CompressedLayerView
 
 FUSED_BITS = (2, 4, 8)  # integer widths the kernels unpack (anchor and residual)
 
@@ -30,7 +30,7 @@ def unsupported_reason(view: CompressedLayerView) -> str | None:
     Fused: anchor ``last``/``first`` (any loop group size), every stored loop with 2/4/8 bits
     (residual loops may also have 0 bits), LSQ on or off, rotation None or a matrix with
     ``rotate_anchor``. Everything else (chained, 16-bit or 1-bit loops, residual-only rotation)
-    falls back to the reference twins.
+    is refused by the launchers (`require_kernel`); the serving package runs the PyTorch twin.
     """
     cfg = view.cfg
     if cfg.anchor not in ("last", "first"):
@@ -53,6 +53,23 @@ def on_kernel_device(kernel, *tensors: torch.Tensor) -> bool:
     assert all(t.device == dev for t in tensors), (
         f"all tensors must be on one device, got {[str(t.device) for t in tensors]}")
     return dev.type == "cuda" or (dev.type == "cpu" and interpreting(kernel))
+
+
+def require_kernel(launcher: str, why: str | None, kernel, *tensors: torch.Tensor) -> None:
+    """Refuse a call the Triton kernel cannot serve: a format reason ``why`` (from
+    `unsupported_reason` or a launcher's own check), or tensors off the kernel's device.
+
+    Raises
+    ------
+    ValueError
+        Naming ``launcher`` and the reason. The launchers never fall back: the serving
+        package decides kernel or PyTorch twin, once per pool.
+    """
+    if why is None and not on_kernel_device(kernel, *tensors):
+        why = f"{tensors[0].device.type} tensors outside TRITON_INTERPRET=1"
+    if why is not None:
+        raise ValueError(f"{launcher} cannot serve this call: {why} (run the PyTorch twin in "
+                         "sglang_rq.reference instead)")
 
 
 # NOTE: each entry keeps its source tensor alive, so a data_ptr in a key can never be reused by

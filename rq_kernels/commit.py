@@ -7,14 +7,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from rq_kernels._host import (
-    check_view, interpreting, next_pow2, on_kernel_device, rotation_terms, strides3,
+    check_view, interpreting, next_pow2, require_kernel, rotation_terms, strides3,
     unsupported_reason,
 )
 from rq_kernels.triton.commit import rq_commit_kernel
-from sglang_rq.reference import commit_reference
 
 if TYPE_CHECKING:
-    from sglang_rq.reference import CompressedLayerView
+    from rq_kernels.view import CompressedLayerView
 
 
 def commit(k_loops: torch.Tensor, v_loops: torch.Tensor, loc: torch.Tensor,
@@ -44,16 +43,19 @@ def commit(k_loops: torch.Tensor, v_loops: torch.Tensor, loc: torch.Tensor,
     hoist_rotation:
         Load a single-term rotation (Hadamard) once per program instead of once per loop.
 
+    Raises
+    ------
+    ValueError
+        For a format outside `rq_kernels._host.unsupported_reason` (chained anchors, 1- or
+        16-bit loops, ``rotate_anchor=False``) or CPU tensors outside ``TRITON_INTERPRET=1``;
+        the caller runs the twin for those.
+
     Note
     ----
-    Formats outside `rq_kernels._host.unsupported_reason` (chained anchors, 1- or 16-bit loops,
-    ``rotate_anchor=False``), and CPU tensors outside ``TRITON_INTERPRET=1``, run the reference
-    twin instead. Codes equal the twin's except where fp32 rounding ties differ (see
+    Codes equal the twin's except where fp32 rounding ties differ (see
     tests/kernels/test_commit.py). CUDA-graph safe after one warm-up call (rotation cache).
     """
-    if unsupported_reason(view) is not None or not on_kernel_device(rq_commit_kernel, k_loops):
-        commit_reference(k_loops, v_loops, loc, view)
-        return
+    require_kernel("commit", unsupported_reason(view), rq_commit_kernel, k_loops)
     L, T, H, D = k_loops.shape
     dev = k_loops.device
     assert v_loops.shape == k_loops.shape and v_loops.stride() == k_loops.stride(), (

@@ -11,8 +11,9 @@ The library is compiled with the system C compiler (``$CC``, default ``cc``; ``-
 -march=native -fopenmp``) into ``$XDG_CACHE_HOME/rq_kernels/`` (default ``~/.cache``), keyed by
 the source, the compiler's version and the host CPU's flags, so a cached build never runs on a
 CPU it was not built for. It links the OpenMP runtime already loaded by PyTorch (same soname),
-so the two share one thread pool. Without a compiler, `library_error` says why and callers use
-the twin.
+so the two share one thread pool. Without a compiler, `library_error` says why. Formats or hosts
+the C path does not serve (`fallback_reason`, `commit_fallback_reason`) are refused with a
+ValueError; the serving package runs the PyTorch twin for them.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch
 from rq_kernels._host import unsupported_reason
 
 if TYPE_CHECKING:
-    from sglang_rq.reference import CompressedLayerView
+    from rq_kernels.view import CompressedLayerView
 
 SOURCE = Path(__file__).with_name("csrc") / "rq_cpu_attention.c"
 MAX_CHAIN = 16  # RQ_MAX_CHAIN in the C source
@@ -118,7 +119,7 @@ def library_error() -> str | None:
 
 
 def fallback_reason(view: CompressedLayerView) -> str | None:
-    """Why `extend_attention_cpu` would run the twin for ``view`` (None: the C path serves it)."""
+    """Why `extend_attention_cpu` cannot serve ``view`` (None: the C path serves it)."""
     why = unsupported_reason(view)
     if why is None and view.head_dim > MAX_HEAD_DIM:
         why = f"head_dim={view.head_dim} > {MAX_HEAD_DIM}"
@@ -223,14 +224,18 @@ def extend_attention_cpu(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tens
     -------
     ``[num_tokens, num_qo_heads, head_dim]`` in q's dtype, original basis. Math: DESIGN.md
     section 1 (rotated basis, ``x_i = c_i a + r_i``); the merge is FlashDecoding's LSE merge
-    (Dao et al., 2023). Formats or hosts the C path does not serve (`fallback_reason`) run the
-    twin `sglang_rq.reference.extend_attention_reference`.
-    """
-    if fallback_reason(view) is not None:
-        from sglang_rq.reference import extend_attention_reference  # the twin (issue 11: moves)
+    (Dao et al., 2023).
 
-        return extend_attention_reference(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr,
-                                          kv_indices, sm_scale=sm_scale, out=out)
+    Raises
+    ------
+    ValueError
+        For a format or host the C path does not serve (`fallback_reason`); the caller runs the
+        twin `sglang_rq.reference.extend_attention_reference`.
+    """
+    why = fallback_reason(view)
+    if why is not None:
+        raise ValueError(f"extend_attention_cpu cannot serve this call: {why} (run the PyTorch "
+                         "twin in sglang_rq.reference instead)")
     T, HQ, D = q.shape
     HKV = k_cur.shape[1]
     if q.device.type != "cpu":
@@ -271,7 +276,7 @@ def extend_attention_cpu(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tens
 
 # ----------------------------------------------------------------------------- commit
 def commit_fallback_reason(view: CompressedLayerView) -> str | None:
-    """Why `commit_cpu` would run the twin for ``view`` (None: the C path serves it)."""
+    """Why `commit_cpu` cannot serve ``view`` (None: the C path serves it)."""
     for seg in view.segments:
         if seg.bits not in (0, 2, 4, 8) or (seg.role == "anchor" and seg.bits == 0):
             return f"loop {seg.loop_id} has {seg.bits} bits"
@@ -311,13 +316,15 @@ def commit_cpu(k_loops: torch.Tensor, v_loops: torch.Tensor, loc: torch.Tensor,
     The rotation is the twin's own einsum; the C library then quantizes each (token, K-or-V, head)
     in the twin's arithmetic order (DESIGN.md section 1), so every byte equals the twin's except
     where the least-squares dot products, summed in another order, round ``c`` to the other
-    bf16 neighbour (a tie flip). Formats `commit_fallback_reason` names run the twin.
+    bf16 neighbour (a tie flip). Raises ValueError for the formats `commit_fallback_reason`
+    names (the caller runs the twin).
     """
-    if commit_fallback_reason(view) is not None:
-        from sglang_rq.reference import commit_reference  # the twin (issue 11: moves)
-
-        commit_reference(k_loops, v_loops, loc, view)
-        return
+    why = commit_fallback_reason(view)
+    if why is not None:
+        raise ValueError(f"commit_cpu cannot serve this call: {why} (run the PyTorch twin in "
+                         "sglang_rq.reference instead)")
+    if k_loops.device.type != "cpu" or loc.device.type != "cpu":
+        raise ValueError(f"commit_cpu needs CPU tensors, got K/V on {k_loops.device}")
     x = torch.stack([k_loops, v_loops], dim=2).float()  # [L, T, 2, H, D], the pool rows' order
     if view.rotation is not None:
         x = torch.einsum("...hd,hde->...he", x, view.rotation.float())

@@ -9,14 +9,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from rq_kernels._host import (
-    attention_loop_args, cdiv, check_decode_args, interpreting, next_pow2, on_kernel_device,
+    attention_loop_args, cdiv, check_decode_args, interpreting, next_pow2, require_kernel,
     rotation_terms, unsupported_reason,
 )
 from rq_kernels.triton.decode import rq_decode_merge_kernel, rq_decode_split_kernel
-from sglang_rq.reference import decode_attention_reference
 
 if TYPE_CHECKING:
-    from sglang_rq.reference import CompressedLayerView
+    from rq_kernels.view import CompressedLayerView
 
 LOG2E = 1.4426950408889634
 
@@ -84,9 +83,7 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     twin `sglang_rq.reference.decode_attention_reference`. CUDA-graph safe after one warm-up
     call with the same rotation tensor.
     """
-    if unsupported_reason(view) is not None or not on_kernel_device(rq_decode_split_kernel, q):
-        return decode_attention_reference(q, k_cur, v_cur, view, loop_id, kv_indptr, kv_indices,
-                                          sm_scale=sm_scale, out=out)
+    require_kernel("decode_attention", unsupported_reason(view), rq_decode_split_kernel, q)
     B, HQ, D = q.shape
     HKV = k_cur.shape[1]
     out = check_decode_args(q, k_cur, v_cur, view, loop_id, kv_indptr, kv_indices, out)

@@ -12,15 +12,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from rq_kernels._host import (
-    cdiv, check_decode_args, interpreting, next_pow2, on_kernel_device, rotation_terms,
+    cdiv, check_decode_args, interpreting, next_pow2, require_kernel, rotation_terms,
     unsupported_reason,
 )
 from rq_kernels.triton.decode import rq_decode_merge_kernel
 from rq_kernels.triton.decode_v2 import rq_decode_v2_split_kernel
-from sglang_rq.reference import decode_attention_reference
 
 if TYPE_CHECKING:
-    from sglang_rq.reference import CompressedLayerView
+    from rq_kernels.view import CompressedLayerView
 
 LOG2E = 1.4426950408889634
 V2_BITS = (2, 4, 8)
@@ -121,10 +120,8 @@ def decode_attention_v2(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tenso
     HKV = k_cur.shape[1]
     assert HKV > 0 and HQ % HKV == 0, f"num_qo_heads {HQ} not a multiple of num_kv_heads {HKV}"
     gq = HQ // HKV
-    if (v2_unsupported_reason(view, gq) is not None
-            or not on_kernel_device(rq_decode_v2_split_kernel, q)):
-        return decode_attention_reference(q, k_cur, v_cur, view, loop_id, kv_indptr, kv_indices,
-                                          sm_scale=sm_scale, out=out)
+    require_kernel("decode_attention_v2", v2_unsupported_reason(view, gq),
+                   rq_decode_v2_split_kernel, q)
     out = check_decode_args(q, k_cur, v_cur, view, loop_id, kv_indptr, kv_indices, out)
     dev = q.device
 

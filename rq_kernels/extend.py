@@ -7,14 +7,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from rq_kernels._host import (
-    attention_loop_args, cdiv, check_view, interpreting, on_kernel_device, rotation_terms,
+    attention_loop_args, cdiv, check_view, interpreting, require_kernel, rotation_terms,
     unsupported_reason,
 )
 from rq_kernels.triton.extend import rq_extend_kernel
-from sglang_rq.reference import extend_attention_reference
 
 if TYPE_CHECKING:
-    from sglang_rq.reference import CompressedLayerView
+    from rq_kernels.view import CompressedLayerView
 
 LOG2E = 1.4426950408889634
 
@@ -61,12 +60,12 @@ def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     ----
     One launch, grid ``(batch_size, num_qo_heads, cdiv(max_qo_len, block_m))``. The prefix is
     dequantized tile by tile in registers (never written to HBM) and attended in the rotated
-    basis; the accumulator is un-rotated once before the chunk. Unsupported formats and CPU
-    tensors outside ``TRITON_INTERPRET=1`` run `sglang_rq.reference.extend_attention_reference`.
+    basis; the accumulator is un-rotated once before the chunk. Raises ValueError for a
+    format outside `rq_kernels._host.unsupported_reason` or CPU tensors outside
+    ``TRITON_INTERPRET=1`` (the caller runs the twin,
+    `sglang_rq.reference.extend_attention_reference`).
     """
-    if unsupported_reason(view) is not None or not on_kernel_device(rq_extend_kernel, q):
-        return extend_attention_reference(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr,
-                                          kv_indices, sm_scale=sm_scale, out=out)
+    require_kernel("extend_attention", unsupported_reason(view), rq_extend_kernel, q)
     T, HQ, D = q.shape
     HKV = k_cur.shape[1]
     B = qo_indptr.shape[0] - 1

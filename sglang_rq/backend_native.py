@@ -22,6 +22,7 @@ from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBack
 from rq_kernels import cpu_attention
 from sglang_rq import clipping, metrics
 from sglang_rq.layout import loop_and_layer
+from sglang_rq.reference import extend_attention_reference
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -98,8 +99,9 @@ class RQNativeAttnBackend(TorchNativeAttnBackend):
                                  dtype=torch.int64)
         grp, pos = divmod(loop, pool.group_len)
         view = pool.group_views[phys][grp]
-        out = cpu_attention.extend_attention_cpu(q3, k3, v3, view, pos, qo_indptr, kv_indptr,
-                                                 kv_indices, sm_scale=layer.scaling)
+        attend = (extend_attention_reference if self.fallback_reason()
+                  else cpu_attention.extend_attention_cpu)
+        out = attend(q3, k3, v3, view, pos, qo_indptr, kv_indptr, kv_indices, sm_scale=layer.scaling)
         self._count_nonfinite_once(out, loop, phys)
         return out.reshape(q.shape[0], hq * d)
 

@@ -148,8 +148,9 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
 
     def _forward(self, q, k, v, layer, forward_batch, save_kv_cache, *, prefix_lens, extend_lens):
         from rq_kernels.decode import decode_attention
-        from rq_kernels.decode_v2 import decode_attention_v2
+        from rq_kernels.decode_v2 import decode_attention_v2, v2_unsupported_reason
         from rq_kernels.extend import extend_attention
+        from sglang_rq.reference import decode_attention_reference, extend_attention_reference
 
         pool = self.token_to_kv_pool
         loop, phys = loop_and_layer(layer.layer_id, pool.rq_shape.num_layers)
@@ -160,11 +161,19 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
         grp, pos = divmod(loop, pool.group_len)
         view = pool.group_views[phys][grp]
         md = self.rq_metadata
+        twin = bool(self.fallback_reason())
         if forward_batch.forward_mode.is_decode_or_idle():
             # v2 (plain FFMA, no PTX) is 1.3-1.9x faster than v1 for MHA on the H200; v1's
             # tensor-core path stays faster for GQA (docs/kernels.md, "Decode v2").
             decode = decode_attention_v2 if hq == hkv else decode_attention
+            if decode is decode_attention_v2 and v2_unsupported_reason(view) is not None:
+                decode = decode_attention
+            if twin:
+                decode = decode_attention_reference
             out = decode(q3, k3, v3, view, pos, md.kv_indptr, md.kv_indices, sm_scale=layer.scaling)
+        elif twin:
+            out = extend_attention_reference(q3, k3, v3, view, pos, md.qo_indptr, md.kv_indptr,
+                                             md.kv_indices, sm_scale=layer.scaling)
         else:
             out = extend_attention(q3, k3, v3, view, pos, md.qo_indptr, md.kv_indptr, md.kv_indices,
                                    sm_scale=layer.scaling, max_qo_len=md.max_qo_len)

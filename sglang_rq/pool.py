@@ -27,7 +27,7 @@ import torch
 
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-from rq_kernels.cpu_attention import commit_cpu
+from rq_kernels.cpu_attention import commit_cpu, commit_fallback_reason
 from sglang_rq import metrics
 from sglang_rq.clipping import ClipCounter
 from sglang_rq.config import RQConfig
@@ -38,7 +38,8 @@ from sglang_rq.layout import (
     loop_segments,
     staged_loops,
 )
-from sglang_rq.reference import CompressedLayerView, commit_reference, dequantize_rows_reference
+from rq_kernels.view import CompressedLayerView
+from sglang_rq.reference import commit_reference, dequantize_rows_reference
 from sglang_rq.rotation import build_rotation
 
 logger = logging.getLogger(__name__)
@@ -172,11 +173,16 @@ class RQTokenToKVPool(MHATokenToKVPool):
         v_loops = torch.cat([staged[:, :, 1], v.unsqueeze(0).to(staged.dtype)], dim=0)
         view = self.group_views[layer][grp]
         if self.rq_use_kernels:
-            from rq_kernels.commit import commit
+            from rq_kernels import unsupported_reason
+            from rq_kernels._host import on_kernel_device
+            from rq_kernels.commit import commit, rq_commit_kernel
 
-            commit(k_loops, v_loops, loc, view)
-        elif not loc.is_cuda:
-            commit_cpu(k_loops, v_loops, loc, view)  # the C library; its twin where it cannot
+            if unsupported_reason(view) is None and on_kernel_device(rq_commit_kernel, loc):
+                commit(k_loops, v_loops, loc, view)
+            else:
+                commit_reference(k_loops, v_loops, loc, view)
+        elif not loc.is_cuda and commit_fallback_reason(view) is None:
+            commit_cpu(k_loops, v_loops, loc, view)  # the C library
         else:
             commit_reference(k_loops, v_loops, loc, view)
         for i, meta in enumerate(view.meta):  # FP8 fields at +-448: clipped groups

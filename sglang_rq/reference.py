@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rq_kernels.view import CompressedLayerView  # the kernels' argument type (also named here)
 from sglang_rq.config import RQConfig
 from sglang_rq.layout import LoopSegment
 
@@ -314,30 +315,6 @@ def dequantize_rows_reference(view: CompressedLayerView, slots: torch.Tensor, lo
         out.append(decode(stored, loop_id, segments=view.segments, cfg=view.cfg,
                           rotation=view.rotation, head_dim=view.head_dim))
     return out[0], out[1]
-
-
-@dataclass
-class CompressedLayerView:
-    """One physical layer's compressed KV buffers (views into the pool's per-kind buffers).
-
-    Per loop ``i``: ``codes[i]`` ``[rows, 2, num_kv_heads, code_bytes_i]`` uint8 (index 1: 0 = K,
-    1 = V), ``meta[i]`` ``[rows, 2, num_kv_heads, D/g, 2]`` uint8 FP8 (scale, offset) or None,
-    ``coef[i]`` ``[rows, 2, num_kv_heads]`` bf16 or None. ``rotation`` ``[num_kv_heads, D, D]``
-    float32 (on the pool's device) or None. ``rows = pool size + page_size``; row 0 is SGLang's
-    padding slot.
-    """
-
-    codes: list[torch.Tensor]
-    meta: list[torch.Tensor | None]
-    coef: list[torch.Tensor | None]
-    rotation: torch.Tensor | None
-    segments: tuple[LoopSegment, ...]
-    cfg: RQConfig
-    head_dim: int
-
-    def rotation_cpu(self, like: torch.Tensor) -> torch.Tensor | None:
-        """The rotation on ``like``'s device."""
-        return None if self.rotation is None else self.rotation.to(like.device)
 
 
 # ----------------------------------------------------------------------------- attention twins

@@ -3,8 +3,8 @@
 * The import graph of ``sglang_rq`` and ``rq_kernels`` (module-level and function-level imports,
   ``if TYPE_CHECKING:`` blocks excluded), built with `ast`: no circle among ``sglang_rq``
   modules; the entry points are imported only by entry points (``sglang-rq`` dispatches to
-  ``serve`` and ``doctor``); ``rq_kernels`` imports nothing from ``sglang_rq`` (xfail until the
-  launchers stop falling back to the codec, issue 11 item 2).
+  ``serve`` and ``doctor``); ``rq_kernels`` imports nothing from ``sglang_rq`` (its argument
+  types live in ``rq_kernels.view``; the serving package picks kernel or twin).
 * docs/structure.md has one paragraph per module, and its environment table is
   `sglang_rq.env.markdown_table` (every ``SGLANG_RQ_*`` name used anywhere is registered).
 """
@@ -14,8 +14,6 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("sglang_rq", "rq_kernels")
@@ -131,10 +129,6 @@ def test_entry_points_are_imported_by_no_library_module():
     assert not offenders, f"library modules import entry points: {offenders}"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11 item 2: the launchers fall back to the "
-                   "PyTorch twins in sglang_rq.reference, their argument type "
-                   "CompressedLayerView lives there, and rq_kernels.testing builds views with "
-                   "the codec; moving only the types would leave the fallbacks' imports")
 def test_kernel_package_imports_nothing_from_the_serving_package():
     graph = import_graph()
     offenders = sorted(f"{m} -> {t}" for m, edges in graph.items()

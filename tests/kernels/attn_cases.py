@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
+from views import make_view
 
-from rq_kernels.testing import loop_kv, make_view, random_orthogonal
+from rq_kernels.testing import loop_kv, random_orthogonal
 from sglang_rq.reference import commit_reference, dequantize_rows_reference
 
 

@@ -20,10 +20,11 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from views import make_view
 
 from rq_kernels import commit, unsupported_reason
 from rq_kernels.triton.commit import _div_rn_by
-from rq_kernels.testing import loop_kv, make_view, random_orthogonal
+from rq_kernels.testing import loop_kv, random_orthogonal
 from sglang_rq.config import RQConfig
 from sglang_rq.reference import commit_reference, dequantize_rows_reference
 
@@ -151,14 +152,15 @@ def test_commit_head_major_pool(device):
     _compare(ours, ref, exact=device == "cpu")
 
 
-def test_unsupported_format_falls_back(device):
-    """Chained anchors are not fused: `commit` must give exactly the reference's bytes."""
+def test_unsupported_format_is_refused(device):
+    """Chained anchors are not fused: `commit` raises naming the reason and writes nothing (the
+    serving package runs the twin for such formats)."""
     cfg = RQConfig(anchor="chained", rotation="none")
     (ours, ref), loc, k, v = _pools(cfg, 3, 2, 64, 7, None, device, seed=4)
-    assert unsupported_reason(ours) is not None
-    commit(k, v, loc, ours)
-    commit_reference(k, v, loc, ref)
-    _compare(ours, ref, exact=True)
+    assert unsupported_reason(ours) == "anchor='chained'"
+    with pytest.raises(ValueError, match="commit cannot serve this call: anchor='chained'"):
+        commit(k, v, loc, ours)
+    _compare(ours, ref, exact=True)  # both untouched
 
 
 def test_commit_rejects_bad_input(device):
@@ -171,7 +173,7 @@ def test_commit_rejects_bad_input(device):
 
 
 def test_kernels_really_run(device):
-    """Guard: on CPU the kernels must run in the interpreter, not fall back to the twins
+    """Guard: on CPU the kernels must run in the interpreter, not be refused as off-device
     (TRITON_INTERPRET must be set before anything imports triton)."""
     from rq_kernels._host import interpreting, on_kernel_device
     from rq_kernels.triton.commit import rq_commit_kernel

@@ -78,16 +78,19 @@ def test_bf16_inputs_return_bf16_and_match():
     assert (out.float() - ref).abs().max().item() <= 2 ** -8 * ref.abs().max().item()
 
 
-def test_unsupported_format_runs_the_twin_and_says_why():
+def test_unsupported_format_is_refused_saying_why():
     cfg = RQConfig(anchor_bits=16)  # a 16-bit anchor is not a fused format
     view, kv_ind, idx, _ = build(cfg, loops=2, num_kv_heads=1, group=1, dim=64, lens=[6],
                                  rot="cfg", device="cpu", seed=1)
     assert "16 bits" in cpu_attention.fallback_reason(view)
+    assert "16 bits" in cpu_attention.commit_fallback_reason(view)
     q, kc, vc = (t.float() for t in queries(1, 1, 1, 64, device="cpu", seed=1))
     qo = torch.tensor([0, 1], dtype=torch.int32)
-    out = cpu_attention.extend_attention_cpu(q, kc, vc, view, 0, qo, kv_ind, idx, sm_scale=0.125)
-    ref = extend_attention_reference(q, kc, vc, view, 0, qo, kv_ind, idx, sm_scale=0.125)
-    assert torch.equal(out, ref)
+    with pytest.raises(ValueError, match="extend_attention_cpu cannot serve .*16 bits"):
+        cpu_attention.extend_attention_cpu(q, kc, vc, view, 0, qo, kv_ind, idx, sm_scale=0.125)
+    k = torch.zeros(2, 1, 1, 64)
+    with pytest.raises(ValueError, match="commit_cpu cannot serve .*16 bits"):
+        cpu_attention.commit_cpu(k, k, torch.tensor([1]), view)
 
 
 def test_bad_shapes_raise_naming_the_tensors():
@@ -114,7 +117,8 @@ COMMIT_CASES = [
 @pytest.mark.parametrize("name,cfg,loops,hkv,dim,tokens,rot", COMMIT_CASES,
                          ids=[c[0] for c in COMMIT_CASES])
 def test_cpu_commit_matches_twin(name, cfg, loops, hkv, dim, tokens, rot):
-    from rq_kernels.testing import loop_kv, make_view, random_orthogonal
+    from rq_kernels.testing import loop_kv, random_orthogonal
+    from views import make_view
     from sglang_rq.reference import commit_reference, dequantize_rows_reference
 
     rotation = random_orthogonal(hkv, dim, seed=5) if rot == "rand" else rot

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from views import make_view
 
 from rq_kernels.commit import commit
 from rq_kernels.decode_v2 import decode_attention_v2
-from rq_kernels.testing import attention_errors, loop_kv, make_view, sdpa_bf16, within_policy
+from rq_kernels.testing import attention_errors, loop_kv, sdpa_bf16, within_policy
 from sglang_rq.config import RQConfig
 from sglang_rq.kv_plan import kv_indices_capacity, plan_history
 from sglang_rq.reference import (

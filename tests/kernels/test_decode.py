@@ -84,15 +84,14 @@ def test_decode_head_major_pool(device):
     _run(RQConfig(), 4, 2, 1, 64, [17, 1], "cfg", (0,), device, seed=14, head_major=True)
 
 
-def test_decode_unsupported_format_falls_back(device):
+def test_decode_unsupported_format_is_refused(device):
     cfg = RQConfig(anchor="chained", rotation="none")
     view, ind, idx, _ = build(cfg, loops=3, num_kv_heads=1, group=1, dim=64, lens=[5, 3],
                               rot="cfg", device=device, seed=13)
-    assert unsupported_reason(view) is not None
+    assert unsupported_reason(view) == "anchor='chained'"
     q, kc, vc = queries(2, 1, 1, 64, device=device, seed=13)
-    out = decode_attention(q, kc, vc, view, 1, ind, idx, sm_scale=0.125)
-    ref = decode_attention_reference(q, kc, vc, view, 1, ind, idx, sm_scale=0.125)
-    assert torch.equal(out, ref)
+    with pytest.raises(ValueError, match="decode_attention cannot serve this call: anchor="):
+        decode_attention(q, kc, vc, view, 1, ind, idx, sm_scale=0.125)
 
 
 @pytest.mark.gpu
