@@ -114,14 +114,24 @@ def sass_report() -> list[dict]:
 
 
 def main() -> None:
-    a = bench_args(lambda ap: ap.add_argument("--deadline", type=float, default=420.0))
+    def extra(ap):
+        ap.add_argument("--deadline", type=float, default=420.0)
+        ap.add_argument("--quick", action="store_true",
+                        help="three Ouro points, one GQA and one D96 point; default and no-prefetch")
+
+    a = bench_args(extra)
     cfg, loops = RQConfig(), 4
-    fams = FAMILIES
+    fams, variants = FAMILIES, TC_VARIANTS
+    if a.quick:
+        fams = {"ouro-1.4b": (16, 16, 128, [(4, 8192), (2, 16384), (16, 16384)]),
+                "smollm2-gqa3": (9, 3, 64, [(16, 16384)]),
+                "huginn-d96": (24, 24, 96, [(4, 8192)])}
+        variants = {k: TC_VARIANTS[k] for k in ("tc", "tc_nopf")}
     if a.dry_run:
         fams = {"tiny": (2, 2, 64, [(2, 40)]), "tiny-gqa": (4, 2, 64, [(1, 33)])}
     res = dict(gpu=torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu",
                triton=triton.__version__, date=time.strftime("%Y-%m-%d"),
-               copy_tbs=copy_bandwidth(), variants={k: vars(v) for k, v in TC_VARIANTS.items()},
+               copy_tbs=copy_bandwidth(), variants={k: vars(v) for k, v in variants.items()},
                checks={}, points=[], skipped=[])
     print(f"device copy {res['copy_tbs']:.2f} TB/s", flush=True)
     for fam, (hq, hkv, dim, points) in fams.items():
@@ -135,7 +145,7 @@ def main() -> None:
             by = bytes_per_token_loop(cfg, hkv, dim, loops) * ctx * b
             row = dict(family=fam, batch=b, ctx=ctx, sdpa_ms=sdpa_ms(b, hq, hkv, dim, ctx)[0])
             arms = {"v2": decode_attention_v2}
-            for name, lc in TC_VARIANTS.items():
+            for name, lc in variants.items():
                 arms[name] = (lambda lc: lambda *x, **k: decode_attention_tc(*x, launch=lc, **k)
                               )(lc)
             for name, fn in arms.items():

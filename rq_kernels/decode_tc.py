@@ -108,8 +108,8 @@ def decode_attention_tc(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tenso
     dev = q.device
     args, consts = attention_loop_args(view, loop_id)
     dp, gqp = consts["DP"], next_pow2(gq)
-    ngp = consts.pop("NGP")
-    ngk, ngv = max(ngp, 8 // gqp), max(ngp, 16 // gqp)
+    cols = consts["NGP"] * gqp  # MMA columns per (hi/lo part): (group, head); padded to 16
+    pk, pv = max(1, 16 // (2 * cols)), max(1, 16 // cols)
     splits = launch.num_splits or choose_num_splits(
         B, HKV, kv_indices.numel(), dev, block_n=launch.block_n, ctas_per_sm=launch.ctas_per_sm)
     terms, alpha, nterms = rotation_terms(view.rotation, dp, dev)
@@ -123,7 +123,7 @@ def decode_attention_tc(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tenso
     qk_scale = sm_scale * LOG2E
     rq_decode_tc_split_kernel[(HKV, B, splits)](
         q, q.stride(0), q.stride(1), kv_indptr, kv_indices, *args, *rot, mid_o, mid_ml,
-        qk_scale, splits, HQ, GQ=gq, GQP=gqp, NGK=ngk, NGV=ngv, HAS_ROT=has_rot, TERMS=nterms,
+        qk_scale, splits, HQ, GQ=gq, GQP=gqp, PK=pk, PV=pv, HAS_ROT=has_rot, TERMS=nterms,
         BLOCK_N=launch.block_n, PREFETCH=launch.prefetch, IDX64=idx64, FAST=not interp,
         INTERP=interp, num_warps=launch.num_warps, **consts)
     block_m = 16

@@ -167,17 +167,20 @@ def _plane_rows(x, BITS: tl.constexpr, P: tl.constexpr, DP: tl.constexpr):
 
 @triton.jit
 def _query_plane(qhi, qlo, gsel, BITS: tl.constexpr, P: tl.constexpr, DP: tl.constexpr,
-                 NGK: tl.constexpr, GQP: tl.constexpr):
-    """The K MMA's B operand for plane ``P``: ``[DP*BITS/8, NGK*GQP*2]`` int8, column
-    ``(g*GQP + h)*2 + part`` = ``hi`` (part 0) or ``lo`` of head ``h`` masked to group ``g``.
-    ``qhi``/``qlo``: ``[DP, GQP]`` fp32 integers; ``gsel``: ``[DP, NGK]`` group membership."""
+                 NGP: tl.constexpr, GQP: tl.constexpr, PK: tl.constexpr):
+    """The K MMA's B operand for plane ``P``: ``[DP*BITS/8, NGP*GQP*2*PK]`` int8, column
+    ``((g*GQP + h)*2 + part)*PK + z`` = ``hi`` (part 0) or ``lo`` of head ``h`` masked to group
+    ``g`` for ``z == 0``, zero padding (the MMA's N of at least 16) otherwise.
+    ``qhi``/``qlo``: ``[DP, GQP]`` fp32 integers; ``gsel``: ``[DP, NGP]`` group membership."""
     hi = _plane_rows(qhi, BITS, P, DP)  # [DPB, GQP]
     lo = _plane_rows(qlo, BITS, P, DP)
-    sel = _plane_rows(gsel.to(tl.float32), BITS, P, DP)  # [DPB, NGK] 0/1
-    hi3 = sel[:, :, None] * hi[:, None, :]  # [DPB, NGK, GQP]
+    sel = _plane_rows(gsel.to(tl.float32), BITS, P, DP)  # [DPB, NGP] 0/1
+    hi3 = sel[:, :, None] * hi[:, None, :]  # [DPB, NGP, GQP]
     lo3 = sel[:, :, None] * lo[:, None, :]
-    q4 = tl.join(hi3, lo3)  # [DPB, NGK, GQP, 2]
-    return tl.reshape(q4, [hi.shape[0], NGK * GQP * 2]).to(tl.int8)
+    q4 = tl.join(hi3, lo3)  # [DPB, NGP, GQP, 2]
+    z = tl.arange(0, PK)
+    q5 = tl.where(z[None, None, None, None, :] == 0, q4[:, :, :, :, None], 0.0)
+    return tl.reshape(q5, [hi.shape[0], NGP * GQP * 2 * PK]).to(tl.int8)
 
 
 @triton.jit
@@ -189,7 +192,7 @@ def _mma_i8(a, b, acc, INTERP: tl.constexpr):
     elif a.shape[1] < 32:
         return acc + tl.dot(a.to(tl.float16), b.to(tl.float16)).to(tl.int32)
     else:
-        return tl.dot(a, b, acc)
+        return tl.dot(a, b, acc, out_dtype=tl.int32)
 
 
 @triton.jit
@@ -218,49 +221,60 @@ def _k_dots(byte, q0, q1, q2, q3, BITS: tl.constexpr, BLOCK_N: tl.constexpr,
 @triton.jit
 def _v_dots(byte, w, a0, a1, a2, a3, alpha_col, BITS: tl.constexpr, FAST: tl.constexpr,
             INTERP: tl.constexpr):
-    """``acc_P = acc_P * alpha + plane_P^T @ w`` for every plane of one loop's V codes."""
-    a0 = a0 * alpha_col[None, :] + _mma_f16(tl.trans(plane_f16(byte, BITS, 0, FAST)), w, INTERP)
+    """``acc_P = acc_P * alpha + w^T @ plane_P`` (``[NCV, DP*BITS/8]``) for every plane of one
+    loop's V codes (``w`` ``[BLOCK_N, NCV]``): the codes are the MMA's B operand in the order
+    they are stored (tokens = K, elements = N), so no transposition of codes is needed."""
+    wt = tl.trans(w)
+    a0 = a0 * alpha_col[:, None] + _mma_f16(wt, plane_f16(byte, BITS, 0, FAST), INTERP)
     if BITS <= 4:
-        a1 = a1 * alpha_col[None, :] + _mma_f16(tl.trans(plane_f16(byte, BITS, 1, FAST)), w,
-                                                INTERP)
+        a1 = a1 * alpha_col[:, None] + _mma_f16(wt, plane_f16(byte, BITS, 1, FAST), INTERP)
     if BITS == 2:
-        a2 = a2 * alpha_col[None, :] + _mma_f16(tl.trans(plane_f16(byte, BITS, 2, FAST)), w,
-                                                INTERP)
-        a3 = a3 * alpha_col[None, :] + _mma_f16(tl.trans(plane_f16(byte, BITS, 3, FAST)), w,
-                                                INTERP)
+        a2 = a2 * alpha_col[:, None] + _mma_f16(wt, plane_f16(byte, BITS, 2, FAST), INTERP)
+        a3 = a3 * alpha_col[:, None] + _mma_f16(wt, plane_f16(byte, BITS, 3, FAST), INTERP)
     return a0, a1, a2, a3
 
 
 @triton.jit
-def _planes_out(a0, a1, a2, a3, BITS: tl.constexpr, DP: tl.constexpr, G: tl.constexpr,
-                NGV: tl.constexpr, GQP: tl.constexpr):
-    """V plane accumulators ``[DP*BITS/8, NGV*GQP]`` -> ``[DP, GQP]`` in natural element order,
-    keeping for each element only the column block of its own group."""
-    E: tl.constexpr = 8 // BITS
-    DPB: tl.constexpr = DP // E
+def _own_group(a, d0, E: tl.constexpr, G: tl.constexpr, NGP: tl.constexpr,
+               GQP: tl.constexpr, PV: tl.constexpr):
+    """``[NGP*GQP*PV, DPB]`` plane accumulator -> ``[DPB, GQP]``: for element ``j*E + d0`` the
+    column block of its own group (padding columns ``z > 0`` are zero)."""
+    DPB: tl.constexpr = a.shape[1]
     j = tl.arange(0, DPB)
-    g = tl.arange(0, NGV)
-    o0 = tl.sum(tl.where(((j * E) // G)[:, None, None] == g[None, :, None],
-                         tl.reshape(a0, [DPB, NGV, GQP]), 0.0), axis=1)
+    g = tl.arange(0, NGP)
+    a4 = tl.reshape(tl.trans(a), [DPB, NGP, GQP, PV])
+    a3 = tl.sum(a4, axis=3)
+    return tl.sum(tl.where(((j * E + d0) // G)[:, None, None] == g[None, :, None], a3, 0.0),
+                  axis=1)
+
+
+@triton.jit
+def _planes_out(a0, a1, a2, a3, BITS: tl.constexpr, DP: tl.constexpr, G: tl.constexpr,
+                NGP: tl.constexpr, GQP: tl.constexpr, PV: tl.constexpr):
+    """V plane accumulators ``[NGP*GQP*PV, DP*BITS/8]`` -> ``[DP, GQP]`` in natural element
+    order, keeping for each element only the column block of its own group."""
+    E: tl.constexpr = 8 // BITS
+    o0 = _own_group(a0, 0, E, G, NGP, GQP, PV)
+    # NOTE: no early return in a constexpr branch (Triton 3.6 still compiles what follows)
     if E == 1:
-        return o0
-    o1 = tl.sum(tl.where(((j * E + 1) // G)[:, None, None] == g[None, :, None],
-                         tl.reshape(a1, [DPB, NGV, GQP]), 0.0), axis=1)
-    if E == 2:
-        o = tl.join(o0, o1)  # [DPB, GQP, 2]: element 2j + p
-        return tl.reshape(tl.permute(o, [0, 2, 1]), [DP, GQP])
-    o2 = tl.sum(tl.where(((j * E + 2) // G)[:, None, None] == g[None, :, None],
-                         tl.reshape(a2, [DPB, NGV, GQP]), 0.0), axis=1)
-    o3 = tl.sum(tl.where(((j * E + 3) // G)[:, None, None] == g[None, :, None],
-                         tl.reshape(a3, [DPB, NGV, GQP]), 0.0), axis=1)
-    o = tl.join(tl.join(o0, o2), tl.join(o1, o3))  # [DPB, GQP, 2(a), 2(b)]: element 4j + 2a + b
-    return tl.reshape(tl.permute(o, [0, 2, 3, 1]), [DP, GQP])
+        out = o0
+    else:
+        o1 = _own_group(a1, 1, E, G, NGP, GQP, PV)
+        if E == 2:
+            o = tl.join(o0, o1)  # [DPB, GQP, 2]: element 2j + p
+            out = tl.reshape(tl.permute(o, [0, 2, 1]), [DP, GQP])
+        else:
+            o2 = _own_group(a2, 2, E, G, NGP, GQP, PV)
+            o3 = _own_group(a3, 3, E, G, NGP, GQP, PV)
+            o = tl.join(tl.join(o0, o2), tl.join(o1, o3))  # [DPB, GQP, 2, 2]: 4j + 2a + b
+            out = tl.reshape(tl.permute(o, [0, 2, 3, 1]), [DP, GQP])
+    return out
 
 
 @triton.jit
 def _load_tile(n0, hi, KvIndices, start, Ac, s_ac_r, s_ac_kv, Am, s_am_r, s_am_kv, Rc, s_rc_r,
                s_rc_kv, Rm, s_rm_r, s_rm_kv, Cf, s_cf_r, s_cf_kv, D: tl.constexpr,
-               DP: tl.constexpr, NG: tl.constexpr, NGK: tl.constexpr, NGV: tl.constexpr,
+               DP: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr,
                A_BITS: tl.constexpr, R_BITS: tl.constexpr, HAS_COEF: tl.constexpr,
                BLOCK_N: tl.constexpr, IDX64: tl.constexpr):
     """Every global load of one tile. Bases already point at this program's KV head; loops
@@ -274,15 +288,15 @@ def _load_tile(n0, hi, KvIndices, start, Ac, s_ac_r, s_ac_kv, Am, s_am_r, s_am_k
     am = n_mask[:, None] & (ca[None, :] < D * A_BITS // 8)
     ka = tl.load(Ac + slot[:, None] * s_ac_r + ca[None, :], mask=am, other=0)
     va = tl.load(Ac + s_ac_kv + slot[:, None] * s_ac_r + ca[None, :], mask=am, other=0)
-    kas, kao = load_meta(Am, slot, s_am_r, n_mask, NG, NGK)
-    vas, vao = load_meta(Am + s_am_kv, slot, s_am_r, n_mask, NG, NGV)
+    kas, kao = load_meta(Am, slot, s_am_r, n_mask, NG, NGP)
+    vas, vao = load_meta(Am + s_am_kv, slot, s_am_r, n_mask, NG, NGP)
     if R_BITS > 0:
         cr = tl.arange(0, DP * R_BITS // 8)
         rm = n_mask[:, None] & (cr[None, :] < D * R_BITS // 8)
         kr = tl.load(Rc + slot[:, None] * s_rc_r + cr[None, :], mask=rm, other=0)
         vr = tl.load(Rc + s_rc_kv + slot[:, None] * s_rc_r + cr[None, :], mask=rm, other=0)
-        krs, kro = load_meta(Rm, slot, s_rm_r, n_mask, NG, NGK)
-        vrs, vro = load_meta(Rm + s_rm_kv, slot, s_rm_r, n_mask, NG, NGV)
+        krs, kro = load_meta(Rm, slot, s_rm_r, n_mask, NG, NGP)
+        vrs, vro = load_meta(Rm + s_rm_kv, slot, s_rm_r, n_mask, NG, NGP)
     else:
         kr = tl.zeros([1, 1], tl.uint8)
         vr = tl.zeros([1, 1], tl.uint8)
@@ -312,14 +326,14 @@ def rq_decode_tc_split_kernel(
     MidO, MidML,  # [B, Hq, S, DP] fp32, [B, Hq, S, 2] fp32
     qk_scale, num_splits, num_qo_heads,  # sm_scale * log2(e)
     GQ: tl.constexpr, GQP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, G: tl.constexpr,
-    NG: tl.constexpr, NGK: tl.constexpr, NGV: tl.constexpr, A_BITS: tl.constexpr,
+    NG: tl.constexpr, NGP: tl.constexpr, PK: tl.constexpr, PV: tl.constexpr, A_BITS: tl.constexpr,
     R_BITS: tl.constexpr, HAS_COEF: tl.constexpr, HAS_ROT: tl.constexpr, TERMS: tl.constexpr,
     BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, IDX64: tl.constexpr, FAST: tl.constexpr,
     INTERP: tl.constexpr,
 ):
     QROWS: tl.constexpr = 16 if GQP < 16 else GQP
-    NCK: tl.constexpr = NGK * GQP * 2
-    NCV: tl.constexpr = NGV * GQP
+    NCK: tl.constexpr = NGP * GQP * 2 * PK  # K MMA columns: (group, head, hi/lo, pad)
+    NCV: tl.constexpr = NGP * GQP * PV  # V MMA rows: (group, head, pad)
     NEG: tl.constexpr = -1.0e30  # finite "minus infinity": keeps empty splits NaN-free
     hk = tl.program_id(0)
     b = tl.program_id(1)
@@ -343,53 +357,54 @@ def rq_decode_tc_split_kernel(
     q3 = tl.reshape(tl.trans(q), [DP, QROWS // GQP, GQP])
     xsel = tl.arange(0, QROWS // GQP)
     qt = tl.sum(tl.where(xsel[None, :, None] == 0, q3, 0.0), axis=1)  # [DP, GQP]
-    gk = tl.arange(0, NGK)
-    gsel = (d // G)[:, None] == gk[None, :]  # [DP, NGK]
-    amax = tl.max(tl.where(gsel[:, :, None], tl.abs(qt)[:, None, :], 0.0), axis=0)  # [NGK, GQP]
-    qsum_k = tl.sum(tl.where(gsel[:, :, None], qt[:, None, :], 0.0), axis=0)  # [NGK, GQP]
+    gk = tl.arange(0, NGP)
+    gsel = (d // G)[:, None] == gk[None, :]  # [DP, NGP]
+    amax = tl.max(tl.where(gsel[:, :, None], tl.abs(qt)[:, None, :], 0.0), axis=0)  # [NGP, GQP]
+    qsum_k = tl.sum(tl.where(gsel[:, :, None], qt[:, None, :], 0.0), axis=0)  # [NGP, GQP]
     sq = tl.maximum(amax, 1e-30) / 127.0
     sq_d = tl.sum(tl.where(gsel[:, :, None], sq[None, :, :], 0.0), axis=1)  # [DP, GQP]
     qhi = tl.floor(qt / sq_d + 0.5)
     qlo = tl.minimum(tl.maximum(tl.floor((qt - qhi * sq_d) * (256.0 / sq_d) + 0.5), -127.0),
                      127.0)
     sq_lo = sq * (1.0 / 256.0)
-    qa0 = _query_plane(qhi, qlo, gsel, A_BITS, 0, DP, NGK, GQP)
+    qa0 = _query_plane(qhi, qlo, gsel, A_BITS, 0, DP, NGP, GQP, PK)
     qa1 = qa0
     qa2 = qa0
     qa3 = qa0
     if A_BITS <= 4:
-        qa1 = _query_plane(qhi, qlo, gsel, A_BITS, 1, DP, NGK, GQP)
+        qa1 = _query_plane(qhi, qlo, gsel, A_BITS, 1, DP, NGP, GQP, PK)
     if A_BITS == 2:
-        qa2 = _query_plane(qhi, qlo, gsel, A_BITS, 2, DP, NGK, GQP)
-        qa3 = _query_plane(qhi, qlo, gsel, A_BITS, 3, DP, NGK, GQP)
+        qa2 = _query_plane(qhi, qlo, gsel, A_BITS, 2, DP, NGP, GQP, PK)
+        qa3 = _query_plane(qhi, qlo, gsel, A_BITS, 3, DP, NGP, GQP, PK)
     if R_BITS > 0:
-        qr0 = _query_plane(qhi, qlo, gsel, R_BITS, 0, DP, NGK, GQP)
+        qr0 = _query_plane(qhi, qlo, gsel, R_BITS, 0, DP, NGP, GQP, PK)
         qr1 = qr0
         qr2 = qr0
         qr3 = qr0
         if R_BITS <= 4:
-            qr1 = _query_plane(qhi, qlo, gsel, R_BITS, 1, DP, NGK, GQP)
+            qr1 = _query_plane(qhi, qlo, gsel, R_BITS, 1, DP, NGP, GQP, PK)
         if R_BITS == 2:
-            qr2 = _query_plane(qhi, qlo, gsel, R_BITS, 2, DP, NGK, GQP)
-            qr3 = _query_plane(qhi, qlo, gsel, R_BITS, 3, DP, NGK, GQP)
+            qr2 = _query_plane(qhi, qlo, gsel, R_BITS, 2, DP, NGP, GQP, PK)
+            qr3 = _query_plane(qhi, qlo, gsel, R_BITS, 3, DP, NGP, GQP, PK)
 
     # ---- running softmax state and accumulators (rotated basis, plane order)
     m_i = tl.full([GQP], NEG, tl.float32)
     l_i = tl.zeros([GQP], tl.float32)
     EA: tl.constexpr = 8 // A_BITS
-    aa0 = tl.zeros([DP // EA, NCV], tl.float32)
+    aa0 = tl.zeros([NCV, DP // EA], tl.float32)
     aa1 = aa0
     aa2 = aa0
     aa3 = aa0
     if R_BITS > 0:
         ER: tl.constexpr = 8 // R_BITS
-        ar0 = tl.zeros([DP // ER, NCV], tl.float32)
+        ar0 = tl.zeros([NCV, DP // ER], tl.float32)
     else:
-        ar0 = tl.zeros([16, NCV], tl.float32)
+        ar0 = tl.zeros([NCV, 16], tl.float32)
     ar1 = ar0
     ar2 = ar0
     ar3 = ar0
-    acc_m = tl.zeros([NGV, GQP], tl.float32)
+    acc_m = tl.zeros([NGP, GQP], tl.float32)
+    zv = tl.arange(0, PV)
 
     Ach = Ac + hk * s_ac_h
     Amh = Am + hk * s_am_h
@@ -400,7 +415,7 @@ def rq_decode_tc_split_kernel(
         (t_mask, t_ka, t_va, t_kas, t_kao, t_vas, t_vao, t_kr, t_vr, t_krs, t_kro, t_vrs, t_vro,
          t_ck, t_cv) = _load_tile(lo, hi, KvIndices, start, Ach, s_ac_r, s_ac_kv, Amh, s_am_r,
                                   s_am_kv, Rch, s_rc_r, s_rc_kv, Rmh, s_rm_r, s_rm_kv, Cfh,
-                                  s_cf_r, s_cf_kv, D, DP, NG, NGK, NGV, A_BITS, R_BITS,
+                                  s_cf_r, s_cf_kv, D, DP, NG, NGP, A_BITS, R_BITS,
                                   HAS_COEF, BLOCK_N, IDX64)
     for n0 in range(lo, hi, BLOCK_N):
         if PREFETCH:
@@ -411,25 +426,25 @@ def rq_decode_tc_split_kernel(
              t_vro, t_ck, t_cv) = _load_tile(
                 n0 + BLOCK_N, hi, KvIndices, start, Ach, s_ac_r, s_ac_kv, Amh, s_am_r, s_am_kv,
                 Rch, s_rc_r, s_rc_kv, Rmh, s_rm_r, s_rm_kv, Cfh, s_cf_r, s_cf_kv, D, DP, NG,
-                NGK, NGV, A_BITS, R_BITS, HAS_COEF, BLOCK_N, IDX64)
+                NGP, A_BITS, R_BITS, HAS_COEF, BLOCK_N, IDX64)
         else:
             n_mask, ka, va, kas, kao, vas, vao, kr, vr, krs, kro, vrs, vro, ck, cv = _load_tile(
                 n0, hi, KvIndices, start, Ach, s_ac_r, s_ac_kv, Amh, s_am_r, s_am_kv, Rch,
-                s_rc_r, s_rc_kv, Rmh, s_rm_r, s_rm_kv, Cfh, s_cf_r, s_cf_kv, D, DP, NG, NGK,
-                NGV, A_BITS, R_BITS, HAS_COEF, BLOCK_N, IDX64)
+                s_rc_r, s_rc_kv, Rmh, s_rm_r, s_rm_kv, Cfh, s_cf_r, s_cf_kv, D, DP, NG, NGP,
+                A_BITS, R_BITS, HAS_COEF, BLOCK_N, IDX64)
         # ---- K: X[n, (g, h, part)] exact int32, then per-group scales, offsets, c
         xa = tl.reshape(_k_dots(ka, qa0, qa1, qa2, qa3, A_BITS, BLOCK_N, NCK, FAST, INTERP)
-                        .to(tl.float32), [BLOCK_N, NGK, GQP, 2])
-        xa_hi, xa_lo = tl.split(xa)
-        ya = xa_hi * sq[None, :, :] + xa_lo * sq_lo[None, :, :]  # [BLOCK_N, NGK, GQP]
+                        .to(tl.float32), [BLOCK_N, NGP, GQP, 2, PK])
+        xa_hi, xa_lo = tl.split(tl.sum(xa, axis=4))
+        ya = xa_hi * sq[None, :, :] + xa_lo * sq_lo[None, :, :]  # [BLOCK_N, NGP, GQP]
         if A_BITS == 8:
             kao = kao + 128.0 * kas
         lg = ya * (kas * ck[:, None])[:, :, None]
         off = kao * ck[:, None]
         if R_BITS > 0:
             xr = tl.reshape(_k_dots(kr, qr0, qr1, qr2, qr3, R_BITS, BLOCK_N, NCK, FAST, INTERP)
-                            .to(tl.float32), [BLOCK_N, NGK, GQP, 2])
-            xr_hi, xr_lo = tl.split(xr)
+                            .to(tl.float32), [BLOCK_N, NGP, GQP, 2, PK])
+            xr_hi, xr_lo = tl.split(tl.sum(xr, axis=4))
             lg += (xr_hi * sq[None, :, :] + xr_lo * sq_lo[None, :, :]) * krs[:, :, None]
             if R_BITS == 8:
                 kro = kro + 128.0 * krs
@@ -442,26 +457,30 @@ def rq_decode_tc_split_kernel(
         p = tl.exp2(qk - m_new[None, :])  # [BLOCK_N, GQP]
         l_i = l_i * al + tl.sum(p, axis=0)
         m_i = m_new
-        al_col = tl.reshape(tl.broadcast_to(al[None, :], [NGV, GQP]), [NCV])
+        al_col = tl.reshape(tl.broadcast_to(al[None, :, None], [NGP, GQP, PV]), [NCV])
         # ---- V: centred fp16 codes; weights p c s per (token, group, head)
         vao = vao + (1 << (A_BITS - 1)) * vas
-        wa = tl.reshape(p[:, None, :] * (vas * cv[:, None])[:, :, None], [BLOCK_N, NCV])
+        wa = p[:, None, :] * (vas * cv[:, None])[:, :, None]  # [BLOCK_N, NGP, GQP]
+        wa = tl.reshape(tl.where(zv[None, None, None, :] == 0, wa[:, :, :, None], 0.0),
+                        [BLOCK_N, NCV])
         aa0, aa1, aa2, aa3 = _v_dots(va, wa.to(tl.float16), aa0, aa1, aa2, aa3, al_col, A_BITS,
                                      FAST, INTERP)
         voff = vao * cv[:, None]
         if R_BITS > 0:
             vro = vro + (1 << (R_BITS - 1)) * vrs
-            wr = tl.reshape(p[:, None, :] * vrs[:, :, None], [BLOCK_N, NCV])
+            wr = p[:, None, :] * vrs[:, :, None]
+            wr = tl.reshape(tl.where(zv[None, None, None, :] == 0, wr[:, :, :, None], 0.0),
+                            [BLOCK_N, NCV])
             ar0, ar1, ar2, ar3 = _v_dots(vr, wr.to(tl.float16), ar0, ar1, ar2, ar3, al_col,
                                          R_BITS, FAST, INTERP)
             voff += vro
         acc_m = acc_m * al[None, :] + tl.sum(p[:, None, :] * voff[:, :, None], axis=0)
 
     # ---- epilogue: natural order [DP, GQP] + offsets of each element's group; store [GQP, DP]
-    out = _planes_out(aa0, aa1, aa2, aa3, A_BITS, DP, G, NGV, GQP)
+    out = _planes_out(aa0, aa1, aa2, aa3, A_BITS, DP, G, NGP, GQP, PV)
     if R_BITS > 0:
-        out += _planes_out(ar0, ar1, ar2, ar3, R_BITS, DP, G, NGV, GQP)
-    gv = tl.arange(0, NGV)
+        out += _planes_out(ar0, ar1, ar2, ar3, R_BITS, DP, G, NGP, GQP, PV)
+    gv = tl.arange(0, NGP)
     out += tl.sum(tl.where((d // G)[:, None, None] == gv[None, :, None], acc_m[None, :, :], 0.0),
                   axis=1)
     h = tl.arange(0, GQP)
