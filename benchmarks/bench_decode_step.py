@@ -9,9 +9,8 @@ omitted, it costs the same on both sides): 96 attention calls per step.
 * BF16: per (loop, layer) a contiguous ``[B, 16, C + 1, 128]`` K/V cache, the new token written
   in place, PyTorch SDPA (FlashAttention) decode.
 * RQ: per layer one compressed view of all 4 loops (the pool's layout, 6,336 B per token and
-  layer); loops 0-2 attend over the compressed history plus the in-flight token (kind ``rq``:
-  `decode_attention_v2`; kind ``rq_tc``: the tensor-core `decode_attention_tc`), loop 3 likewise
-  and then `commit` quantizes the token's 4 loops into its row.
+  layer); loops 0-2 attend with `decode_attention_v2` over the compressed history plus the
+  in-flight token, loop 3 likewise and then `commit` quantizes the token's 4 loops into its row.
 
 Each step is captured in a CUDA graph and timed with `triton.testing.do_bench` (median).
 Reported: tokens/s = batch / step time at a fixed batch, and at the largest batch whose cache
@@ -38,7 +37,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import graph_ms, realistic_pool  # noqa: E402
 from rq_kernels.commit import commit  # noqa: E402
-from rq_kernels.decode_tc import decode_attention_tc  # noqa: E402
 from rq_kernels.decode_v2 import decode_attention_v2  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
 from sglang_rq.layout import ModelKVShape, bf16_bytes_per_token, kv_bytes_per_token  # noqa: E402
@@ -120,8 +118,7 @@ class BF16Cache:
 class RQCache:
     """One compressed view per layer (all loops), random codes and realistic FP8 metadata."""
 
-    def __init__(self, s: Shape, b: int, ctx: int, cfg: RQConfig, head_major: bool = False,
-                 decode=decode_attention_v2) -> None:
+    def __init__(self, s: Shape, b: int, ctx: int, cfg: RQConfig, head_major: bool = False) -> None:
         rows = b * ctx + b + 1
         self.views = [realistic_pool(cfg, num_loops=s.loops, num_kv_heads=s.heads, head_dim=s.dim,
                                      rows=rows, device=DEV, head_major=head_major)
@@ -132,12 +129,12 @@ class RQCache:
         self.stage_k = torch.empty(s.loops, s.layers, b, s.heads, s.dim, device=DEV, dtype=torch.bfloat16)
         self.stage_v = torch.empty_like(self.stage_k)
         self.out = torch.empty(b, s.heads, s.dim, device=DEV, dtype=torch.bfloat16)
-        self.s, self.decode = s, decode
+        self.s = s
 
     def __call__(self, u, li, q, k, v):
         self.stage_k[u, li].copy_(k)
         self.stage_v[u, li].copy_(v)
-        o = self.decode(q, k, v, self.views[li], u, self.ind, self.idx,
+        o = decode_attention_v2(q, k, v, self.views[li], u, self.ind, self.idx,
                                 sm_scale=self.s.dim ** -0.5, out=torch.empty_like(self.out))
         if u == self.s.loops - 1:
             commit(self.stage_k[:, li], self.stage_v[:, li], self.loc, self.views[li])
@@ -182,9 +179,7 @@ def main() -> None:
         if DEV == "cuda":
             torch.cuda.empty_cache()
         cache = (BF16Cache(s, b, ctx) if kind == "bf16"
-                 else RQCache(s, b, ctx, cfg, head_major=a.head_major,
-                              decode=decode_attention_tc if kind == "rq_tc"
-                              else decode_attention_v2))
+                 else RQCache(s, b, ctx, cfg, head_major=a.head_major))
         try:
             ms = time_step(s, W, cache, b)
         finally:
@@ -200,7 +195,7 @@ def main() -> None:
 
     ctxs = [40] if a.dry_run else [4096, 16384]
     for ctx in ctxs:  # fixed batch 2
-        for kind in ("bf16", "rq", "rq_tc"):
+        for kind in ("bf16", "rq"):
             run(kind, 2, ctx, "fixed")
     ctx = ctxs[-1]
     budgets = {"32GiB": 32 * GiB}
@@ -216,19 +211,14 @@ def main() -> None:
             res[f"max_batch_{label}_{kind}"] = b
             if b >= 1:
                 run(kind, b, ctx, label)
-                if kind == "rq":
-                    res[f"max_batch_{label}_rq_tc"] = b
-                    run("rq_tc", b, ctx, label)
     rows = {(r["kind"], r["label"], r["ctx"]): r for r in res["runs"]}
     for key in [("fixed", c) for c in ctxs] + [(lab, ctx) for lab in budgets]:
-        bf = rows.get(("bf16", *key))
-        for kind, tag in (("rq", ""), ("rq_tc", "_tc")):
-            rq = rows.get((kind, *key))
-            if bf and rq:
-                ratio = rq["tokens_per_s"] / bf["tokens_per_s"]
-                res[f"ratio{tag}_{key[0]}_{key[1]}"] = ratio
-                print(f"{key[0]:6s} ctx={key[1]}: {kind} / BF16 tokens/s = {ratio:.2f}x "
-                      f"(batch {rq['batch']} vs {bf['batch']})", flush=True)
+        bf, rq = rows.get(("bf16", *key)), rows.get(("rq", *key))
+        if bf and rq:
+            ratio = rq["tokens_per_s"] / bf["tokens_per_s"]
+            res[f"ratio_{key[0]}_{key[1]}"] = ratio
+            print(f"{key[0]:6s} ctx={key[1]}: RQ/BF16 tokens/s = {ratio:.2f}x "
+                  f"(batch {rq['batch']} vs {bf['batch']})", flush=True)
     res["elapsed_s"] = time.time() - T0
     with open(path, "w") as f:
         json.dump(res, f, indent=1)

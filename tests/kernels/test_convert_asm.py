@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from rq_kernels.triton import common
-from rq_kernels.triton import decode_tc
 from sglang_rq.reference import unpack_codes
 
 
@@ -54,8 +53,6 @@ def run_asm(text: str, inputs: list[int], n_out: int) -> list[int]:
             regs[a[0]] = val(a[1])
         elif op == "and.b32":
             regs[a[0]] = val(a[1]) & val(a[2])
-        elif op == "xor.b32":
-            regs[a[0]] = val(a[1]) ^ val(a[2])
         elif op == "shr.u32":
             regs[a[0]] = (val(a[1]) & 0xFFFFFFFF) >> int(a[2])
         elif op == "prmt.b32":
@@ -88,31 +85,3 @@ def test_asm_conversion_matches_unpack(bits, asm, n_out):
         exp = want.view(4, planes).T.numpy() if planes > 1 else want.view(1, 4).numpy()
         assert (got == exp).all(), f"bits={bits} word={w:#010x}: {got} != {exp}"
 
-
-PLANES = [(bits, p) for bits in (2, 4, 8) for p in range(8 // bits)]
-
-
-def _words():
-    rng = np.random.default_rng(1)
-    return [int(w) for w in rng.integers(0, 2**32, size=64, dtype=np.uint64)] + [
-        int.from_bytes(bytes([v, (v * 7) & 255, 255 - v, (v * 13) & 255]), "little")
-        for v in range(256)]
-
-
-@pytest.mark.parametrize("bits,plane", PLANES)
-def test_decode_tc_plane_asm(bits, plane):
-    """The tensor-core decode kernel's per-plane PTX (`decode_tc._plane_asm_f16/_i8`): four
-    bytes -> plane ``plane`` of each, as centred fp16 (V) and as int8 (K; 8-bit centred)."""
-    f16 = decode_tc._plane_asm_f16(bits, plane)
-    i8 = decode_tc._plane_asm_i8(bits, plane)
-    per = 8 // bits
-    for w in _words():
-        byts = torch.tensor(list(w.to_bytes(4, "little")), dtype=torch.uint8)
-        codes = unpack_codes(byts, bits=bits).to(torch.int32).view(4, per)[:, plane].numpy()
-        regs = run_asm(f16, [w], 2)
-        got = np.array(regs, dtype=np.uint32).view(np.uint16).view(np.float16).astype(np.int32)
-        assert (got == codes - (1 << (bits - 1))).all(), f"f16 bits={bits} p={plane} {w:#010x}"
-        (r,) = run_asm(i8, [w], 1)
-        got8 = np.array([r], dtype=np.uint32).view(np.int8).astype(np.int32)
-        want8 = codes - 128 if bits == 8 else codes
-        assert (got8 == want8).all(), f"i8 bits={bits} p={plane} {w:#010x}: {got8} != {want8}"
