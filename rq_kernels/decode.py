@@ -67,7 +67,7 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     num_splits:
         Splits of each history (split-K); default from the batch shape (`choose_num_splits`).
     block_n, num_warps, num_stages, fast_convert:
-        Tile / launch config; defaults are the best of the H200 sweep (docs/kernels.md).
+        Tile / launch config; defaults are the best of the H200 sweep (docs/kernels_history.md).
         ``fast_convert`` selects the PTX int->fp16 conversion (ignored under the interpreter).
 
     Returns
@@ -90,7 +90,7 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     dev = q.device
     if block_n < 32 and q.is_cuda:
         # NOTE: measured wrong on the H200 (its 16-row tensor-core path); correct under the
-        # interpreter. Refused rather than risked; see docs/kernels.md "Decode v2".
+        # interpreter. Refused rather than risked; see docs/kernels_history.md "Decode v2".
         raise ValueError(f"decode_attention: block_n={block_n} < 32 is not supported on CUDA")
     gq = HQ // HKV
     args, c = attention_loop_args(view, loop_id)

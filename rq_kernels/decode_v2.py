@@ -1,7 +1,7 @@
 """Launcher of decode attention v2: a CUDA-core split kernel plus v1's merge kernel.
 
 Same signature and semantics as `rq_kernels.decode.decode_attention`. The design and the
-measurements are in docs/kernels.md, section "Decode v2".
+measurements are in docs/kernels_history.md, section "Decode v2".
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def decode_attention_v2(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tenso
     if k_idp is None:  # the anchor-only loop is as fast or faster with FFMA dots (H200 sweep)
         k_idp = gqp == 1 and not frame_split and r_bits > 0
     assert not k_idp or (gqp == 1 and not frame_split), "k_idp needs MHA without frame_split"
-    # Defaults from the H200 sweeps (docs/kernels.md): integer K dots run best with two rows
+    # Defaults from the H200 sweeps (docs/kernels_history.md): integer K dots run best with two rows
     # per thread (64-token tiles, uncapped 255 registers, 2 programs/SM); the FFMA path with
     # one row per thread capped at 128 registers (4 programs/SM).
     if block_n is None:
