@@ -8,12 +8,13 @@
 Device code lives in ``rq_kernels/triton/``; the argument types in `rq_kernels.view`. Every
 launcher has a pure-torch twin with the same signature in `sglang_rq.reference` and raises
 ValueError for a format the kernels do not cover; the serving package decides which of the two
-runs. This package imports nothing from the serving package.
+runs (`sglang_rq.dispatch`). This package imports nothing from the serving package.
 """
 
-from rq_kernels._host import unsupported_reason
+from rq_kernels._host import kernel_device_reason, unsupported_reason
 from rq_kernels.commit import commit
 from rq_kernels.decode import decode_attention
 from rq_kernels.extend import extend_attention
 
-__all__ = ["commit", "decode_attention", "extend_attention", "unsupported_reason"]
+__all__ = ["commit", "decode_attention", "extend_attention", "kernel_device_reason",
+           "unsupported_reason"]

@@ -55,6 +55,17 @@ def on_kernel_device(kernel, *tensors: torch.Tensor) -> bool:
     return dev.type == "cuda" or (dev.type == "cpu" and interpreting(kernel))
 
 
+def kernel_device_reason(device: torch.device | str) -> str | None:
+    """Why the Triton kernels cannot run on ``device`` (None: CUDA, or CPU when the kernels were
+    decorated under ``TRITON_INTERPRET=1``)."""
+    from rq_kernels.triton.common import to_bf16  # any @triton.jit function of this package
+
+    dev = torch.device(device)
+    if dev.type == "cuda" or (dev.type == "cpu" and interpreting(to_bf16)):
+        return None
+    return f"{dev.type} tensors outside TRITON_INTERPRET=1"
+
+
 def require_kernel(launcher: str, why: str | None, kernel, *tensors: torch.Tensor) -> None:
     """Refuse a call the Triton kernel cannot serve: a format reason ``why`` (from
     `unsupported_reason` or a launcher's own check), or tensors off the kernel's device.
@@ -63,7 +74,7 @@ def require_kernel(launcher: str, why: str | None, kernel, *tensors: torch.Tenso
     ------
     ValueError
         Naming ``launcher`` and the reason. The launchers never fall back: the serving
-        package decides kernel or PyTorch twin, once per pool.
+        package decides kernel or PyTorch twin, once per pool (`sglang_rq.dispatch`).
     """
     if why is None and not on_kernel_device(kernel, *tensors):
         why = f"{tensors[0].device.type} tensors outside TRITON_INTERPRET=1"

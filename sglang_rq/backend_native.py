@@ -5,7 +5,9 @@ through `RQTokenToKVPool.save`; attention reads the history (prefix) of every re
 compressed pages with `rq_kernels.cpu_attention` (one call for the whole batch: the codes are
 unpacked and folded into the dot products in the rotated basis, never rebuilt into K/V), and the
 in-flight tokens from the call's ``k``/``v``, merged by log-sum-exp. A token is therefore exact
-while it is in flight and compressed afterwards (DESIGN.md section 1, step 8).
+while it is in flight and compressed afterwards (DESIGN.md section 1, step 8). Which
+implementation serves decode and extend (the C library or the PyTorch twin) is the pool's
+``kernel_paths`` (`sglang_rq.dispatch`), decided once when the pool was built.
 """
 
 from __future__ import annotations
@@ -13,16 +15,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import itertools
-import logging
 
 import torch
 
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
-from rq_kernels import cpu_attention
 from sglang_rq import clipping, metrics
 from sglang_rq.layout import loop_and_layer
-from sglang_rq.reference import extend_attention_reference
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -31,43 +30,23 @@ if TYPE_CHECKING:
     from sglang_rq.pool import RQTokenToKVPool
 
 
-logger = logging.getLogger(__name__)
-
-
 class RQNativeAttnBackend(TorchNativeAttnBackend):
     """Attention backend ``rq_native`` (the CPU path): `rq_kernels.cpu_attention` over the
-    compressed history, batched over requests, plus the in-flight chunk; formats the C path does
-    not serve run its PyTorch twin, logged once and counted in
-    ``sglang_rq_fallbacks_total{path="attention"}``."""
-
-    _fallback_reason: str | None = None  # "" once checked and served by the fast path
+    compressed history, batched over requests, plus the in-flight chunk; a format the C path
+    does not serve runs the PyTorch twin (`sglang_rq.dispatch`: logged once at start-up, every
+    such forward counted in ``sglang_rq_fallbacks_total{path}``)."""
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
-        """SGLang's plan, plus the committed-tokens counter: every token of this forward is
-        committed to the pool by the end of its last loop (a host shape, no device sync)."""
+        """SGLang's plan, plus the per-forward counters: every token of this forward is
+        committed to the pool by the end of its last loop (a host shape, no device sync), and a
+        forward whose paths a twin serves counts as a fallback."""
         super().init_forward_metadata(forward_batch)
-        metrics.count_committed(int(forward_batch.out_cache_loc.shape[0]))
+        num_tokens = int(forward_batch.out_cache_loc.shape[0])
+        metrics.count_committed(num_tokens)
         clipping.flush_for(self.token_to_kv_pool)
-        if self.fallback_reason():
-            metrics.count_fallback("attention")
-
-    def fallback_reason(self) -> str:
-        """Why this backend's fast path cannot serve the pool's KV format, so that its PyTorch
-        twin runs instead ("" when it can). Decided once (the format is fixed at start-up) and
-        logged once as a warning; every forward that runs the twin is counted in
-        ``sglang_rq_fallbacks_total{path="attention"}``."""
-        if self._fallback_reason is None:
-            view = self.token_to_kv_pool.group_views[0][0]
-            self._fallback_reason = self._path_unsupported(view) or ""
-            if self._fallback_reason:
-                logger.warning("%s: the fast attention path cannot serve this KV format (%s); "
-                               "running the PyTorch twin (slow)", type(self).__name__,
-                               self._fallback_reason)
-        return self._fallback_reason
-
-    @staticmethod
-    def _path_unsupported(view) -> str | None:
-        return cpu_attention.fallback_reason(view)
+        if num_tokens:
+            self.token_to_kv_pool.kernel_paths.count_forward(
+                decode=forward_batch.forward_mode.is_decode_or_idle())
 
     def forward_extend(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch,
                        save_kv_cache: bool = True, **kwargs):
@@ -95,13 +74,16 @@ class RQNativeAttnBackend(TorchNativeAttnBackend):
         kv_indices = torch.cat(slots).to(torch.int64) if slots else torch.empty(0, dtype=torch.int64)
         kv_indptr = torch.tensor([0, *itertools.accumulate(int(p) for p in prefix_lens)],
                                  dtype=torch.int64)
-        qo_indptr = torch.tensor([0, *itertools.accumulate(int(e) for e in extend_lens)],
-                                 dtype=torch.int64)
         grp, pos = divmod(loop, pool.group_len)
         view = pool.group_views[phys][grp]
-        attend = (extend_attention_reference if self.fallback_reason()
-                  else cpu_attention.extend_attention_cpu)
-        out = attend(q3, k3, v3, view, pos, qo_indptr, kv_indptr, kv_indices, sm_scale=layer.scaling)
+        if forward_batch.forward_mode.is_decode_or_idle():  # one query row per request
+            out = pool.kernel_paths.decode.fn(q3, k3, v3, view, pos, kv_indptr, kv_indices,
+                                              sm_scale=layer.scaling)
+        else:
+            qo_indptr = torch.tensor([0, *itertools.accumulate(int(e) for e in extend_lens)],
+                                     dtype=torch.int64)
+            out = pool.kernel_paths.extend.fn(q3, k3, v3, view, pos, qo_indptr, kv_indptr,
+                                              kv_indices, sm_scale=layer.scaling)
         self._count_nonfinite_once(out, loop, phys)
         return out.reshape(q.shape[0], hq * d)
 

@@ -4,9 +4,10 @@ Plan once per forward: ``qo_indptr``, ``kv_indptr`` and ``kv_indices`` (every re
 compressed history/prefix rows, the in-flight tokens excluded) are built from SGLang's
 ``req_to_token`` table by `sglang_rq.kv_plan.plan_history` and reused by every (loop, layer)
 call, as FlashInfer's plan/run split does. Each call then stages or commits the forward's K/V
-(`RQTokenToKVPool.save`, the commit kernel on the last loop) and runs
-`rq_kernels.decode_attention_v2` (MHA), `rq_kernels.decode_attention` (GQA) or
-`rq_kernels.extend_attention`.
+(`RQTokenToKVPool.save`, the commit kernel on the last loop) and runs the pool's decode or
+extend path (`sglang_rq.dispatch`, decided once: `rq_kernels.decode_attention_v2` for MHA,
+`rq_kernels.decode_attention` for GQA, `rq_kernels.extend_attention`, or the PyTorch twin for a
+format the kernels do not serve).
 
 CUDA graphs (decode), SGLang 0.5.23's contract (`AttentionBackend` docstring):
 ``init_cuda_graph_state`` allocates static ``kv_indptr``/``kv_indices`` for the largest batch and
@@ -68,12 +69,6 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
     """Fused-kernel attention over the compressed pool (decode and extend)."""
 
     rq_graph: RQGraphBuffers | None = None
-
-    @staticmethod
-    def _path_unsupported(view) -> str | None:
-        from rq_kernels import unsupported_reason
-
-        return unsupported_reason(view)
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         """Eager plan: buffers sized by this forward's host-known history length."""
@@ -137,8 +132,7 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
         if not in_capture:
             metrics.count_committed(bs)
             clipping.flush_for(self.token_to_kv_pool)  # at most once a second
-            if self.fallback_reason():
-                metrics.count_fallback("attention")
+            self.token_to_kv_pool.kernel_paths.count_forward(decode=True)
 
     def init_forward_metadata_in_graph(self, forward_batch: ForwardBatch) -> None:
         """Graph-recorded part: the decode plan into the static buffers (`plan_history`)."""
@@ -147,11 +141,6 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
                      forward_batch.seq_lens.to(torch.int64) - 1, g.kv_indptr, g.kv_indices)
 
     def _forward(self, q, k, v, layer, forward_batch, save_kv_cache, *, prefix_lens, extend_lens):
-        from rq_kernels.decode import decode_attention
-        from rq_kernels.decode_v2 import decode_attention_v2, v2_unsupported_reason
-        from rq_kernels.extend import extend_attention
-        from sglang_rq.reference import decode_attention_reference, extend_attention_reference
-
         pool = self.token_to_kv_pool
         loop, phys = loop_and_layer(layer.layer_id, pool.rq_shape.num_layers)
         hq, hkv, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
@@ -161,21 +150,12 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
         grp, pos = divmod(loop, pool.group_len)
         view = pool.group_views[phys][grp]
         md = self.rq_metadata
-        twin = bool(self.fallback_reason())
         if forward_batch.forward_mode.is_decode_or_idle():
-            # v2 (plain FFMA, no PTX) is 1.3-1.9x faster than v1 for MHA on the H200; v1's
-            # tensor-core path stays faster for GQA (docs/kernels.md, "Decode v2").
-            decode = decode_attention_v2 if hq == hkv else decode_attention
-            if decode is decode_attention_v2 and v2_unsupported_reason(view) is not None:
-                decode = decode_attention
-            if twin:
-                decode = decode_attention_reference
-            out = decode(q3, k3, v3, view, pos, md.kv_indptr, md.kv_indices, sm_scale=layer.scaling)
-        elif twin:
-            out = extend_attention_reference(q3, k3, v3, view, pos, md.qo_indptr, md.kv_indptr,
-                                             md.kv_indices, sm_scale=layer.scaling)
+            out = pool.kernel_paths.decode.fn(q3, k3, v3, view, pos, md.kv_indptr, md.kv_indices,
+                                              sm_scale=layer.scaling)
         else:
-            out = extend_attention(q3, k3, v3, view, pos, md.qo_indptr, md.kv_indptr, md.kv_indices,
-                                   sm_scale=layer.scaling, max_qo_len=md.max_qo_len)
+            out = pool.kernel_paths.extend.fn(q3, k3, v3, view, pos, md.qo_indptr, md.kv_indptr,
+                                              md.kv_indices, sm_scale=layer.scaling,
+                                              max_qo_len=md.max_qo_len)
         self._count_nonfinite_once(out, loop, phys)
         return out.reshape(q.shape[0], hq * d)

@@ -64,7 +64,8 @@ RQ_KV_BUDGET_GB = EnvVar("SGLANG_RQ_KV_BUDGET_GB", float, 0.0,
 RQ_STAGING_TOKENS = EnvVar("SGLANG_RQ_STAGING_TOKENS", int, 0,
                            "tokens per forward the BF16 staging buffer holds (0 = derived)")
 RQ_USE_KERNELS = EnvVar("SGLANG_RQ_USE_KERNELS", _bool, True,
-                        "use the Triton kernels on CUDA devices (false = reference codec)")
+                        "use the kernels (Triton on CUDA, the C library on CPU); false = the "
+                        "PyTorch twins for every path")
 RQ_CANARY_INTERVAL_S = EnvVar("SGLANG_RQ_CANARY_INTERVAL_S", float, 30.0,
                               "seconds between readiness canary requests")
 RQ_CANARY = EnvVar("SGLANG_RQ_CANARY", _bool, True,

@@ -32,7 +32,10 @@ Families (``sglang_rq_`` prefix, base units in names, ``_total`` on counters):
 ``sglang_rq_kv_pool_tokens`` / ``_pool_bytes``      token slots and compressed bytes allocated
 ``sglang_rq_committed_tokens_total``                tokens quantized into the pool
 ``sglang_rq_nonfinite_attention_outputs_total``     tokens whose attention output had NaN/Inf
-``sglang_rq_fallbacks_total{path}``                 reference-codec fallbacks on a kernel device
+``sglang_rq_kernel_path_info{path,impl,reason}``    1 per path (commit, decode, extend): what
+                                                    serves it (``c``, ``triton``, ``triton_v2``,
+                                                    ``twin``) and why (`sglang_rq.dispatch`)
+``sglang_rq_fallbacks_total{path}``                 forwards a PyTorch twin served, per path
 ``sglang_rq_canary_*``                              readiness canary (see `sglang_rq.canary`),
                                                     ``canary_saturated`` 1 while it queues
 ``sglang_rq_clipped_groups_total{layer}``           K/V groups whose FP8 scale/offset saturated
@@ -56,7 +59,7 @@ if TYPE_CHECKING:
     from sglang_rq.layout import ModelKVShape
 
 PREFIX = "sglang_rq_"
-FALLBACK_PATHS = ("commit", "attention")
+FALLBACK_PATHS = ("commit", "decode", "extend")  # the paths of `sglang_rq.dispatch`
 CANARY_RESULTS = ("pass", "wrong_answer", "error", "saturated")
 INFO_LABELS = ("enabled", "format", "loop_bits", "group_size", "anchor", "lsq", "rotation",
                "num_loops", "num_layers", "num_kv_heads", "head_dim", "page_size")
@@ -107,9 +110,13 @@ def _create() -> dict[str, Any]:
                              "Tokens whose attention output held NaN or Inf "
                              "(last layer, last loop)."),
         "fallback": Counter(PREFIX + "fallbacks",
-                            "Forwards that ran the PyTorch twin instead of the fast path "
-                            "(commit: CUDA kernels; attention: CUDA kernels or the CPU library).",
+                            "Forwards that ran the PyTorch twin instead of the kernels (Triton "
+                            "on CUDA, the C library on CPU), per path: commit, decode, extend.",
                             ("path",)),
+        "kernel_path": gauge("kernel_path_info",
+                             "What serves each path (value 1): impl c, triton, triton_v2 or "
+                             "twin, and the reason the preferred kernel does not serve it.",
+                             ("path", "impl", "reason")),
     }
     for path in FALLBACK_PATHS:
         fams["fallback"].labels(path=path)
@@ -224,8 +231,18 @@ def count_nonfinite(out: torch.Tensor) -> int:
     return bad
 
 
+def publish_kernel_paths(rows: list[tuple[str, str, str]]) -> None:
+    """Set ``sglang_rq_kernel_path_info{path, impl, reason} = 1`` for each ``(path, impl,
+    reason)`` (`sglang_rq.dispatch.KernelPaths.rows`; called once when the pool is built)."""
+    fams = _get()
+    if fams is None:
+        return
+    for path, impl, reason in rows:
+        fams["kernel_path"].labels(path=path, impl=impl, reason=reason).set(1)
+
+
 def count_fallback(path: str) -> None:
-    """One forward ran the PyTorch twin for ``path`` (``commit`` or ``attention``)."""
+    """One forward ran the PyTorch twin for ``path`` (one of `FALLBACK_PATHS`)."""
     if path not in FALLBACK_PATHS:
         raise ValueError(f"unknown fallback path {path!r}; expected one of {FALLBACK_PATHS}")
     fams = _get()

@@ -47,7 +47,7 @@ class _Runtime:
     cfg: RQConfig | None = None
     shape: Any = None
     staging_tokens: int = 0
-    use_kernels: bool = False
+    kernels: Any = None  # dispatch.KernelRequest
 
 
 def register() -> None:
@@ -133,7 +133,7 @@ def _cell_size_hook(original, self, kvc, num_layers):
             f"{shape.num_layers} layers x {shape.num_loops} loops (pipeline parallelism is unsupported)")
     _Runtime.shape = shape
     _Runtime.staging_tokens = staging_tokens_for(kvc.server_args)
-    _Runtime.use_kernels = kvc.server_args.attention_backend == "rq_triton" and env.RQ_USE_KERNELS.get()
+    _Runtime.kernels = kernel_request_for(kvc.server_args, kvc.model_config)
     cell = kv_bytes_per_token(shape, _Runtime.cfg)
     logger.info("sglang-rq: cell size %d B/token (stock would be %d), staging %d tokens = %d B",
                 cell, original(self, kvc, num_layers), _Runtime.staging_tokens,
@@ -185,7 +185,7 @@ def _pool_cls_hook(original, self, *, kind):
     if _Runtime.shape is None:
         raise RuntimeError("sglang-rq: the cell-size hook did not run before the pool was built")
     return bind_pool_class(cfg=_Runtime.cfg, shape=_Runtime.shape,
-                           staging_tokens=_Runtime.staging_tokens, use_kernels=_Runtime.use_kernels)
+                           staging_tokens=_Runtime.staging_tokens, kernels=_Runtime.kernels)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -217,6 +217,18 @@ def staging_tokens_for(server_args) -> int:
                           max_prefill_tokens=server_args.max_prefill_tokens,
                           max_running_requests=server_args.max_running_requests,
                           enable_mixed_chunk=server_args.enable_mixed_chunk)
+
+
+def kernel_request_for(server_args, model_config):
+    """What the pool asks `dispatch.resolve` for: the attention backend (``rq_native`` runs the
+    C library, ``rq_triton`` the Triton kernels), ``SGLANG_RQ_USE_KERNELS`` (false: the PyTorch
+    twins serve every path) and the model's query heads per KV head (decode v2 serves MHA)."""
+    from sglang_rq.dispatch import KernelRequest
+
+    return KernelRequest(
+        backend=server_args.attention_backend, use_kernels=env.RQ_USE_KERNELS.get(),
+        qo_heads_per_kv=max(1, model_config.get_total_num_attention_heads()
+                            // model_config.get_total_num_kv_heads()))
 
 
 def validate_server_args(args) -> None:

@@ -15,7 +15,8 @@ loop, each viewed per physical layer, so one compressed row of a layer holds eve
 The byte sizes come from `layout.loop_segments`; the allocation equals
 ``layout.kv_bytes_per_token * rows`` (tested). Staging and rotation are fixed overhead charged
 in the pool configurator (see `plugin.py`), and a forward larger than ``staging_tokens`` is an
-error, never an overflow.
+error, never an overflow. What serves commit, decode and extend (kernels or PyTorch twins) is
+resolved once here, ``kernel_paths`` (`sglang_rq.dispatch`), and read by the backends.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ import torch
 
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-from rq_kernels.cpu_attention import commit_cpu, commit_fallback_reason
-from sglang_rq import metrics
+from rq_kernels.view import CompressedLayerView
+from sglang_rq import dispatch, metrics
 from sglang_rq.clipping import ClipCounter
 from sglang_rq.config import RQConfig
 from sglang_rq.layout import (
@@ -38,8 +39,7 @@ from sglang_rq.layout import (
     loop_segments,
     staged_loops,
 )
-from rq_kernels.view import CompressedLayerView
-from sglang_rq.reference import commit_reference, dequantize_rows_reference
+from sglang_rq.reference import dequantize_rows_reference
 from sglang_rq.rotation import build_rotation
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,8 @@ class RQTokenToKVPool(MHATokenToKVPool):
     rq_cfg: RQConfig
     rq_shape: ModelKVShape
     rq_staging_tokens: int
-    rq_use_kernels: bool = False
+    rq_kernels: dispatch.KernelRequest = dispatch.KernelRequest()
+    kernel_paths: dispatch.KernelPaths
 
     # ------------------------------------------------------------------ allocation
     def _create_buffers(self) -> None:
@@ -88,6 +89,8 @@ class RQTokenToKVPool(MHATokenToKVPool):
         self.rq_clip = ClipCounter(num_layers=n_layers, num_loops=shape.num_loops, device=dev)
         self.group_views = [[self._group_view(layer, grp) for grp in range(shape.num_loops // self.group_len)]
                             for layer in range(n_layers)]
+        self.kernel_paths = dispatch.resolve(self.group_views[0][0], device=dev,
+                                             request=self.rq_kernels)
         # Tiny placeholders keep SGLang code that walks k_buffer/v_buffer pointer tables working.
         self.k_buffer = [torch.zeros((self.page_size, h, d), dtype=self.store_dtype, device=dev)
                          for _ in range(self.layer_num)]
@@ -136,6 +139,8 @@ class RQTokenToKVPool(MHATokenToKVPool):
             cfg=self.rq_cfg, shape=self.rq_shape, page_size=self.page_size,
             staging_tokens=self.rq_staging_tokens, pool_tokens=num_tokens,
             pool_bytes=self.compressed_nbytes(), dtype_bytes=self.rq_staging.element_size())
+        self.kernel_paths.log()
+        metrics.publish_kernel_paths(self.kernel_paths.rows())
 
     def get_kv_size_bytes(self):
         total = self.compressed_nbytes()
@@ -172,29 +177,15 @@ class RQTokenToKVPool(MHATokenToKVPool):
         k_loops = torch.cat([staged[:, :, 0], k.unsqueeze(0).to(staged.dtype)], dim=0)
         v_loops = torch.cat([staged[:, :, 1], v.unsqueeze(0).to(staged.dtype)], dim=0)
         view = self.group_views[layer][grp]
-        if self.rq_use_kernels:
-            from rq_kernels import unsupported_reason
-            from rq_kernels._host import on_kernel_device
-            from rq_kernels.commit import commit, rq_commit_kernel
-
-            if unsupported_reason(view) is None and on_kernel_device(rq_commit_kernel, loc):
-                commit(k_loops, v_loops, loc, view)
-            else:
-                commit_reference(k_loops, v_loops, loc, view)
-        elif not loc.is_cuda and commit_fallback_reason(view) is None:
-            commit_cpu(k_loops, v_loops, loc, view)  # the C library
-        else:
-            commit_reference(k_loops, v_loops, loc, view)
+        self.kernel_paths.commit.fn(k_loops, v_loops, loc, view)
         for i, meta in enumerate(view.meta):  # FP8 fields at +-448: clipped groups
             if meta is not None:
                 self.rq_clip.add(layer=layer, loop=grp * self.group_len + i, meta_rows=meta[loc])
         last = layer == self.rq_shape.num_layers - 1 and grp == len(self.group_views[layer]) - 1
         if last and not loc.is_cuda:
             self.rq_clip.flush(force=True)  # CPU: no sync to avoid; publish at once
-        if last and loc.is_cuda and not self.rq_use_kernels:
-            metrics.count_fallback("commit")
-        # NOTE: committed tokens are counted by the backends' per-forward hooks, which also run
-        # on CUDA-graph replays (this body does not).
+        # NOTE: committed tokens and twin-served forwards are counted by the backends'
+        # per-forward hooks, which also run on CUDA-graph replays (this body does not).
 
     # ------------------------------------------------------------------ read path
     def dequantize(self, loop: int, layer: int, slots: torch.Tensor
@@ -231,8 +222,10 @@ class RQTokenToKVPool(MHATokenToKVPool):
 
 
 def bind_pool_class(*, cfg: RQConfig, shape: ModelKVShape, staging_tokens: int,
-                    use_kernels: bool) -> type[RQTokenToKVPool]:
-    """A `RQTokenToKVPool` subclass with the KV format bound (SGLang builds pools by class)."""
+                    kernels: dispatch.KernelRequest = dispatch.KernelRequest()
+                    ) -> type[RQTokenToKVPool]:
+    """A `RQTokenToKVPool` subclass with the KV format bound (SGLang builds pools by class);
+    ``kernels`` is what `dispatch.resolve` is asked for when the pool is built."""
     return type("BoundRQTokenToKVPool", (RQTokenToKVPool,), {
         "rq_cfg": cfg, "rq_shape": shape, "rq_staging_tokens": staging_tokens,
-        "rq_use_kernels": use_kernels})
+        "rq_kernels": kernels})

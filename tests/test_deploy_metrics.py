@@ -140,6 +140,9 @@ def test_kv_metrics_equal_hand_computed_bytes(servers):
     assert sample(text, "sglang_rq_kv_format_info", info) == 1
     assert sample(text, "sglang_rq_nonfinite_attention_outputs_total") == 0
     assert sample(text, "sglang_rq_fallbacks_total", 'path="commit"') == 0
+    # sglang_rq.dispatch: the C library serves every path of the default format on CPU
+    for path in ("commit", "decode", "extend"):
+        assert sample(text, "sglang_rq_kernel_path_info", f'impl="c",path="{path}",reason=""') == 1
     if os.environ.get("SGLANG_RQ_UPDATE_CAPTURE") == "1":
         wait_canary(rq.url)
         requests.post(rq.url + "/v1/completions", timeout=300, json={
@@ -157,10 +160,13 @@ def test_committed_tokens_count_every_forwarded_token(servers):
     assert len(out) == 5
     assert after - before == len(prompt) + len(out) - 1  # the last sampled token is never forwarded
     assert sample(scrape(rq.url), "sglang_rq_nonfinite_attention_outputs_total") == 0
-    # The default format is served by the C attention path (rq_kernels.cpu_attention), not by
-    # the PyTorch twin; a format it cannot serve would count here once per forward.
-    assert sample(scrape(rq.url), "sglang_rq_fallbacks_total", 'path="attention"') == 0
+    # The default format is served by the C library (rq_kernels.cpu_attention), not by the
+    # PyTorch twin; a format it cannot serve would count here once per forward and path.
+    text = scrape(rq.url)
+    for path in ("commit", "decode", "extend"):
+        assert sample(text, "sglang_rq_fallbacks_total", f'path="{path}"') == 0
     assert "running the PyTorch twin" not in rq.log()
+    assert "kernel paths: commit=c, decode=c, extend=c" in rq.log()
 
 
 def test_canary_ready_on_correct_answer(servers):

@@ -98,7 +98,7 @@ def test_pool_allocates_exactly_bytes_per_token_times_rows():
 
     shape = ModelKVShape(num_layers=3, num_loops=4, num_kv_heads=2, head_dim=64)
     cfg = RQConfig()
-    cls = bind_pool_class(cfg=cfg, shape=shape, staging_tokens=20, use_kernels=False)
+    cls = bind_pool_class(cfg=cfg, shape=shape, staging_tokens=20)
     pool = cls(size=37, page_size=1, dtype=torch.bfloat16, head_num=2, head_dim=64, layer_num=12,
                device="cpu", enable_memory_saver=False)
     assert pool.compressed_nbytes() == kv_bytes_per_token(shape, cfg) * (37 + 1)

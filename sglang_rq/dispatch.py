@@ -1,0 +1,220 @@
+"""One owner of the kernel-or-twin decision: which implementation serves each path.
+
+`resolve` runs once, when the pool is built, for the pool's KV format, device and attention
+backend (`KernelRequest`), and hands each path (commit, decode, extend) a ready callable with the
+name of what serves it and why:
+
+=======  ========================================  ==============================================
+path     ``rq_native`` (CPU)                       ``rq_triton`` (CUDA; CPU under TRITON_INTERPRET)
+=======  ========================================  ==============================================
+commit   ``c``: `cpu_attention.commit_cpu`         ``triton``: `rq_kernels.commit`
+decode   ``c``: `cpu_attention.extend_attention_   ``triton_v2``: `decode_attention_v2` (MHA);
+         cpu`, one query row per request           ``triton``: `decode_attention` (GQA, or MHA
+                                                   formats v2 refuses)
+extend   ``c``: `cpu_attention.extend_attention_   ``triton``: `rq_kernels.extend_attention`
+         cpu`
+=======  ========================================  ==============================================
+
+Anything else runs the PyTorch twin of `sglang_rq.reference` (``impl = "twin"``), with the reason:
+the format (`rq_kernels.unsupported_reason`, `cpu_attention.fallback_reason` /
+`commit_fallback_reason`), the device, the C library's build error, or
+``SGLANG_RQ_USE_KERNELS=false`` (twins for every path). The launchers never fall back themselves:
+given what they cannot serve they raise. The pool logs the decision once (`KernelPaths.log`) and
+publishes it as ``sglang_rq_kernel_path_info{path,impl,reason}``; the backends count every
+forward a twin serves in ``sglang_rq_fallbacks_total{path}`` (`KernelPaths.count_forward`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rq_kernels import (
+    commit, cpu_attention, decode_attention, extend_attention, kernel_device_reason,
+    unsupported_reason,
+)
+from rq_kernels.decode_v2 import decode_attention_v2, v2_unsupported_reason
+from sglang_rq import metrics
+from sglang_rq.reference import (
+    commit_reference, decode_attention_reference, extend_attention_reference,
+)
+
+if TYPE_CHECKING:
+    from rq_kernels.view import CompressedLayerView
+
+logger = logging.getLogger(__name__)
+
+PATHS = ("commit", "decode", "extend")
+BACKENDS = ("rq_native", "rq_triton")
+TWIN = "twin"
+
+
+@dataclass(frozen=True)
+class KernelRequest:
+    """What the pool asks the dispatcher for.
+
+    Attributes: ``backend`` the attention backend (``rq_native`` or ``rq_triton``; None: by
+    device, ``rq_triton`` on CUDA, else ``rq_native``); ``use_kernels`` (``SGLANG_RQ_USE_KERNELS``;
+    False: the twins serve every path); ``qo_heads_per_kv`` query heads per KV head (1 = MHA,
+    which decode v2 serves).
+    """
+
+    backend: str | None = None
+    use_kernels: bool = True
+    qo_heads_per_kv: int = 1
+
+    def __post_init__(self) -> None:
+        if self.backend is not None and self.backend not in BACKENDS:
+            raise ValueError(f"unknown attention backend {self.backend!r}; expected one of "
+                             f"{BACKENDS}")
+        if self.qo_heads_per_kv < 1:
+            raise ValueError(f"qo_heads_per_kv must be >= 1, got {self.qo_heads_per_kv}")
+
+
+@dataclass(frozen=True)
+class KernelPath:
+    """What serves one path: ``impl`` (``c``, ``triton``, ``triton_v2`` or ``twin``),
+    ``reason`` (why the preferred implementation does not serve it; "" when it does) and ``fn``.
+
+    ``fn`` has the path's signature: commit ``(k_loops, v_loops, loc, view)``
+    (`rq_kernels.commit`); decode ``(q, k_cur, v_cur, view, loop_id, kv_indptr, kv_indices, *,
+    sm_scale, out=None)`` (`rq_kernels.decode_attention`); extend ``(q, k_cur, v_cur, view,
+    loop_id, qo_indptr, kv_indptr, kv_indices, *, sm_scale, out=None, max_qo_len=None)``
+    (`rq_kernels.extend_attention`).
+    """
+
+    path: str
+    impl: str
+    reason: str
+    fn: Callable[..., Any]
+
+    @property
+    def is_twin(self) -> bool:
+        return self.impl == TWIN
+
+
+@dataclass(frozen=True)
+class KernelPaths:
+    """The resolved implementation of every path (`resolve`)."""
+
+    commit: KernelPath
+    decode: KernelPath
+    extend: KernelPath
+
+    def __iter__(self) -> Iterator[KernelPath]:
+        return iter((self.commit, self.decode, self.extend))
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """``(path, impl, reason)`` per path, the labels of ``sglang_rq_kernel_path_info``."""
+        return [(p.path, p.impl, p.reason) for p in self]
+
+    def log(self) -> None:
+        """Log the decision once (start-up): one info line, and a warning per twin."""
+        logger.info("sglang-rq kernel paths: %s", ", ".join(
+            f"{p.path}={p.impl}" + (f" ({p.reason})" if p.reason else "") for p in self))
+        for p in self:
+            if p.is_twin:
+                logger.warning("sglang-rq %s: running the PyTorch twin (slow): %s", p.path,
+                               p.reason)
+
+    def count_forward(self, *, decode: bool) -> None:
+        """Count one forward in ``sglang_rq_fallbacks_total{path}`` for each of its paths that
+        a twin serves: commit, and decode (``decode``) or extend. Host only: call once per
+        forward that carries tokens, eager and CUDA-graph replay alike."""
+        for p in (self.commit, self.decode if decode else self.extend):
+            if p.is_twin:
+                metrics.count_fallback(p.path)
+
+
+def resolve(view: CompressedLayerView, *, device: torch.device | str,
+            request: KernelRequest = KernelRequest()) -> KernelPaths:
+    """Decide which implementation serves commit, decode and extend.
+
+    Parameters
+    ----------
+    view:
+        One layer's view of the pool (every layer and loop group has the same format); only its
+        format and strides are read.
+    device:
+        The pool's device (``"cuda"``, ``"cpu"``, a `torch.device`); no tensor is needed.
+    request:
+        Backend, ``SGLANG_RQ_USE_KERNELS`` and GQA ratio (`KernelRequest`).
+
+    Returns
+    -------
+    `KernelPaths`, a ready callable per path with its ``impl`` and ``reason``.
+    """
+    dev = torch.device(device)
+    if not request.use_kernels:
+        why = "SGLANG_RQ_USE_KERNELS=false"
+        return KernelPaths(*(_twin(p, why) for p in PATHS))
+    backend = request.backend or ("rq_triton" if dev.type == "cuda" else "rq_native")
+    if backend == "rq_native":
+        return _resolve_c(view, dev)
+    return _resolve_triton(view, dev, request.qo_heads_per_kv)
+
+
+# ----------------------------------------------------------------------------- per family
+def _resolve_c(view: CompressedLayerView, dev: torch.device) -> KernelPaths:
+    if dev.type != "cpu":
+        why = (f"the C library serves CPU tensors, the pool is on {dev.type} (use "
+               "--attention-backend rq_triton)")
+        attn_why = commit_why = why
+    else:
+        attn_why = cpu_attention.fallback_reason(view)
+        commit_why = cpu_attention.commit_fallback_reason(view)
+    return KernelPaths(
+        commit=_pick("commit", "c", cpu_attention.commit_cpu, commit_why),
+        decode=_pick("decode", "c", _decode_c, attn_why),
+        extend=_pick("extend", "c", _extend_c, attn_why))
+
+
+def _resolve_triton(view: CompressedLayerView, dev: torch.device,
+                    qo_heads_per_kv: int) -> KernelPaths:
+    why = unsupported_reason(view) or kernel_device_reason(dev)
+    if why is not None:
+        return KernelPaths(*(_twin(p, why) for p in PATHS))
+    decode = KernelPath("decode", "triton", "", decode_attention)
+    if qo_heads_per_kv == 1:
+        # v2 (plain FFMA, no PTX) is 1.3-1.9x faster than v1 for MHA on the H200; v1's
+        # tensor-core path stays faster for GQA (docs/kernels.md, "Decode v2").
+        v2_why = v2_unsupported_reason(view, 1)
+        decode = (KernelPath("decode", "triton_v2", "", decode_attention_v2) if v2_why is None
+                  else KernelPath("decode", "triton", f"decode v2: {v2_why}", decode_attention))
+    return KernelPaths(commit=KernelPath("commit", "triton", "", commit), decode=decode,
+                       extend=KernelPath("extend", "triton", "", extend_attention))
+
+
+def _pick(path: str, impl: str, fn: Callable[..., Any], why: str | None) -> KernelPath:
+    return KernelPath(path, impl, "", fn) if why is None else _twin(path, why)
+
+
+def _twin(path: str, why: str) -> KernelPath:
+    fn = {"commit": commit_reference, "decode": decode_attention_reference,
+          "extend": _extend_twin}[path]
+    return KernelPath(path, TWIN, why, fn)
+
+
+# ----------------------------------------------------------------------------- adapters
+# Each path gets one signature whatever serves it (KernelPath): the C library's decode is its
+# extend with one query row per request, and max_qo_len is a launch hint only Triton takes.
+def _decode_c(q, k_cur, v_cur, view, loop_id, kv_indptr, kv_indices, *, sm_scale, out=None):
+    qo_indptr = torch.arange(q.shape[0] + 1, dtype=torch.int64)  # [B + 1]: one row each
+    return cpu_attention.extend_attention_cpu(q, k_cur, v_cur, view, loop_id, qo_indptr,
+                                              kv_indptr, kv_indices, sm_scale=sm_scale, out=out)
+
+
+def _extend_c(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr, kv_indices, *, sm_scale,
+              out=None, max_qo_len=None):
+    return cpu_attention.extend_attention_cpu(q, k_cur, v_cur, view, loop_id, qo_indptr,
+                                              kv_indptr, kv_indices, sm_scale=sm_scale, out=out)
+
+
+def _extend_twin(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr, kv_indices, *, sm_scale,
+                 out=None, max_qo_len=None):
+    return extend_attention_reference(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr,
+                                      kv_indices, sm_scale=sm_scale, out=out)
