@@ -50,17 +50,66 @@ class RQNativeAttnBackend(TorchNativeAttnBackend):
 
     def forward_extend(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch,
                        save_kv_cache: bool = True, **kwargs):
+        """Attention of one (loop, layer) for a prefill or chunked-prefill forward.
+
+        Parameters
+        ----------
+        q:
+            ``[num_tokens, num_qo_heads * head_dim]``, model dtype, the pool's device: this
+            forward's queries, requests concatenated (``forward_batch.extend_seq_lens_cpu``).
+        k, v:
+            ``[num_tokens, num_kv_heads * head_dim]`` (or ``[num_tokens, num_kv_heads,
+            head_dim]``), model dtype: this forward's own K/V, original basis.
+        layer:
+            The calling `RadixAttention`; its ``layer_id`` is the KV slot
+            ``layout.kv_slot(loop_id, layer_id)``, its ``scaling`` the softmax scale.
+        forward_batch:
+            SGLang's batch: ``out_cache_loc`` ``[num_tokens]`` (destination slots),
+            ``req_pool_indices``, ``extend_prefix_lens_cpu`` (history tokens per request).
+        save_kv_cache:
+            Stage or commit ``k``/``v`` first (`RQTokenToKVPool.save`).
+
+        Returns
+        -------
+        ``[num_tokens, num_qo_heads * head_dim]`` in q's dtype: each request's compressed
+        history, then its own chunk, causal.
+
+        Note
+        ----
+        The pool's extend path serves it (`sglang_rq.dispatch`: the C library, or the twin).
+        """
         return self._forward(q, k, v, layer, forward_batch, save_kv_cache,
                              prefix_lens=forward_batch.extend_prefix_lens_cpu,
                              extend_lens=forward_batch.extend_seq_lens_cpu)
 
     def forward_decode(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch,
                        save_kv_cache: bool = True, **kwargs):
+        """Attention of one (loop, layer) for a decode forward: one token per request.
+
+        Parameters
+        ----------
+        q:
+            ``[batch_size, num_qo_heads * head_dim]``, model dtype.
+        k, v:
+            ``[batch_size, num_kv_heads * head_dim]``, model dtype: the in-flight token.
+        layer, forward_batch, save_kv_cache:
+            As in `forward_extend`; the history of request b is ``seq_lens_cpu[b] - 1`` tokens.
+
+        Returns
+        -------
+        ``[batch_size, num_qo_heads * head_dim]`` in q's dtype.
+
+        Note
+        ----
+        The pool's decode path serves it (`sglang_rq.dispatch`).
+        """
         seq_lens = forward_batch.seq_lens_cpu.tolist()
         return self._forward(q, k, v, layer, forward_batch, save_kv_cache,
                              prefix_lens=[s - 1 for s in seq_lens], extend_lens=[1] * len(seq_lens))
 
     def _forward(self, q, k, v, layer, forward_batch, save_kv_cache, *, prefix_lens, extend_lens):
+        """Shared body: save, then the pool's decode or extend path over this layer's view
+        (history rows from ``req_to_token``, ``prefix_lens``/``extend_lens`` host lists)."""
         pool: RQTokenToKVPool = self.token_to_kv_pool
         loop, phys = loop_and_layer(layer.layer_id, pool.rq_shape.num_layers)
         hq, hkv, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim

@@ -141,6 +141,12 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
                      forward_batch.seq_lens.to(torch.int64) - 1, g.kv_indptr, g.kv_indices)
 
     def _forward(self, q, k, v, layer, forward_batch, save_kv_cache, *, prefix_lens, extend_lens):
+        """Body of `forward_extend` / `forward_decode` (same arguments and result as
+        `RQNativeAttnBackend`'s): save, then the pool's decode or extend path on this
+        forward's plan (``rq_metadata``: ``kv_indptr`` ``[batch_size + 1]`` int32,
+        ``kv_indices`` int64 history rows; the host ``prefix_lens``/``extend_lens`` are not
+        read). Decode calls are recorded into CUDA graphs, so nothing here reads a device
+        value on the host."""
         pool = self.token_to_kv_pool
         loop, phys = loop_and_layer(layer.layer_id, pool.rq_shape.num_layers)
         hq, hkv, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim

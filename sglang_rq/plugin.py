@@ -123,6 +123,35 @@ def verify_hooks(targets: list[str]) -> None:
 
 # ----------------------------------------------------------------------------- hooks
 def _cell_size_hook(original, self, kvc, num_layers):
+    """AROUND ``DefaultPoolConfigurator._compute_cell_size``: SGLang's bytes per token.
+
+    Parameters
+    ----------
+    original:
+        SGLang's method (called only for the log line: the stock figure).
+    self:
+        The ``DefaultPoolConfigurator``.
+    kvc:
+        SGLang's KV-cache configurator: ``server_args`` and ``model_config``.
+    num_layers:
+        KV layers SGLang counts (``num_layers * num_loops`` for a looped model).
+
+    Returns
+    -------
+    int
+        `layout.kv_bytes_per_token` of the model on this rank under the bound `RQConfig`.
+
+    Raises
+    ------
+    RQConfigError
+        For server flags the pool cannot serve (`validate_server_args`), a KV-head count the
+        tensor-parallel size does not divide, or a layer count that is not layers x loops.
+
+    Note
+    ----
+    Runs first in the scheduler process, so it also fixes the facts the later hooks read
+    (`_Runtime`: shape, staging tokens, `dispatch.KernelRequest`).
+    """
     from sglang_rq.layout import kv_bytes_per_token, staging_bytes
 
     validate_server_args(kvc.server_args)
@@ -142,6 +171,10 @@ def _cell_size_hook(original, self, kvc, num_layers):
 
 
 def _fixed_overhead_hook(result, self, kvc):
+    """AFTER ``DefaultPoolConfigurator.__init__``: add the BF16 staging buffer
+    (`layout.staging_bytes`, the model's dtype) and the rotation matrices
+    (`layout.rotation_bytes`) to ``self._fixed_overhead_bytes``, so SGLang's token count leaves
+    room for them. Returns ``result`` unchanged; a no-op before `_cell_size_hook` ran."""
     from sglang_rq.layout import rotation_bytes, staging_bytes
 
     if _Runtime.shape is not None:
@@ -153,6 +186,19 @@ def _fixed_overhead_hook(result, self, kvc):
 
 
 def _budget_hook(original, self, pre_model_load_memory):
+    """AROUND ``KVCacheConfigurator._profile_available_bytes``: bytes for the KV cache.
+
+    Returns
+    -------
+    int
+        SGLang's profiled figure, or ``SGLANG_RQ_KV_BUDGET_GB`` (``--rq-kv-budget-gb``) GiB
+        when set and positive.
+
+    Raises
+    ------
+    RQConfigError
+        When the budget exceeds what SGLang profiled as available.
+    """
     budget_gb = env.RQ_KV_BUDGET_GB.get()
     profiled = original(self, pre_model_load_memory)
     if budget_gb <= 0:
@@ -165,8 +211,19 @@ def _budget_hook(original, self, pre_model_load_memory):
 
 
 def _input_ids_hook(original, self, obj, input_ids, *args, **kwargs):
-    """Refuse token ids outside the vocabulary before they reach the scheduler (ValueError is
-    answered 400 by SGLang's HTTP layer)."""
+    """AROUND ``TokenizerManager._validate_one_request``: refuse token ids outside the
+    vocabulary before they reach the scheduler.
+
+    Parameters
+    ----------
+    input_ids:
+        The request's token ids (a list of ints, possibly empty); the rest is passed through.
+
+    Raises
+    ------
+    ValueError
+        Naming the first offending id and ``[0, vocab_size)``; SGLang's HTTP layer answers 400.
+    """
     if input_ids:
         vocab = self.model_config.vocab_size
         lo, hi = min(input_ids), max(input_ids)
@@ -178,6 +235,20 @@ def _input_ids_hook(original, self, obj, input_ids, *args, **kwargs):
 
 
 def _pool_cls_hook(original, self, *, kind):
+    """AROUND ``SRTPlatform.get_kv_pool_cls``: the pool class SGLang instantiates.
+
+    Returns
+    -------
+    type
+        For ``kind == "mha"``, `pool.bind_pool_class` of the bound format, shape, staging size
+        and `dispatch.KernelRequest` (the pool resolves its kernel paths when built); SGLang's
+        own class for any other kind.
+
+    Raises
+    ------
+    RuntimeError
+        If `_cell_size_hook` has not run in this process (the shape is unknown).
+    """
     if kind != "mha":
         return original(self, kind=kind)
     from sglang_rq.pool import bind_pool_class
