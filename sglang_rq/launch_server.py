@@ -6,7 +6,8 @@ is served. On a machine without CUDA the CPU engine is selected (``--device cpu`
 ``SGLANG_USE_CPU_ENGINE=1``), SGLang's CUDA-only kernel package is given its CPU stand-in, and
 sane sizes are set unless given (``--max-total-tokens 16384``, ``--max-running-requests 32``,
 ``--chunked-prefill-size 2048``; otherwise SGLang sizes the pool from ~70% of RAM), and
-``OMP_NUM_THREADS=1`` unless set.
+``OMP_NUM_THREADS=1`` unless set. On every device ``SGLANG_REQUEST_STATE_WAIT_TIMEOUT=1``
+unless set (a disconnected client is noticed within 1 s instead of 4 s).
 """
 
 from __future__ import annotations
@@ -174,6 +175,10 @@ def prepare_environment(argv: list[str]) -> list[str]:
             var.set(value)
     if not _has_flag(rest, "--model-path") and not _has_flag(rest, "--model"):
         rest += ["--model-path", str(EMBEDDED_MODEL)]
+    # NOTE: SGLang 0.5.23 notices a vanished HTTP client only when its per-request wait times
+    # out (this variable, default 4 s), then drops a chunked prefill at the next chunk boundary;
+    # 1 s cuts a disconnected prefill from 3-4 chunks to 1 (docs/robustness.md section 5).
+    os.environ.setdefault("SGLANG_REQUEST_STATE_WAIT_TIMEOUT", "1")
     cuda = has_cuda()
     if cfg.enabled and not _has_flag(rest, "--attention-backend"):
         rest += ["--attention-backend", "rq_triton" if cuda else "rq_native"]

@@ -90,3 +90,15 @@ def test_tp_size_must_divide_kv_heads_before_weights_load(tmp_path):
     rot = EMBEDDED_MODEL.parent / "mini-ouro-rotation.safetensors"
     with pytest.raises(RQConfigError, match="not sharded across ranks"):
         validate_against_model(RQConfig(rotation=str(rot)), str(EMBEDDED_MODEL), tp_size=2)
+
+
+def test_disconnect_poll_defaults_to_one_second_unless_set(clean_env):
+    """SGLang notices a vanished client only when a request's wait times out (its default 4 s);
+    the launcher's 1 s stops a disconnected chunked prefill after one chunk instead of 3-4
+    (tests/test_engine_disconnect.py, docs/robustness.md section 5)."""
+    os.environ.pop("SGLANG_REQUEST_STATE_WAIT_TIMEOUT", None)
+    prepare_environment([])
+    assert os.environ["SGLANG_REQUEST_STATE_WAIT_TIMEOUT"] == "1"
+    os.environ["SGLANG_REQUEST_STATE_WAIT_TIMEOUT"] = "7"
+    prepare_environment([])
+    assert os.environ["SGLANG_REQUEST_STATE_WAIT_TIMEOUT"] == "7"
