@@ -9,7 +9,7 @@ omitted, it costs the same on both sides): 96 attention calls per step.
 * BF16: per (loop, layer) a contiguous ``[B, 16, C + 1, 128]`` K/V cache, the new token written
   in place, PyTorch SDPA (FlashAttention) decode.
 * RQ: per layer one compressed view of all 4 loops (the pool's layout, 6,336 B per token and
-  layer); loops 0-2 attend with `decode_attention_v2` over the compressed history plus the
+  layer); loops 0-2 attend with `decode_attention` over the compressed history plus the
   in-flight token, loop 3 likewise and then `commit` quantizes the token's 4 loops into its row.
 
 Each step is captured in a CUDA graph and timed with `triton.testing.do_bench` (median).
@@ -37,7 +37,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import graph_ms, realistic_pool  # noqa: E402
 from rq_kernels.commit import commit  # noqa: E402
-from rq_kernels.decode_v2 import decode_attention_v2  # noqa: E402
+from rq_kernels import decode_attention  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
 from sglang_rq.layout import ModelKVShape, bf16_bytes_per_token, kv_bytes_per_token  # noqa: E402
 
@@ -118,10 +118,10 @@ class BF16Cache:
 class RQCache:
     """One compressed view per layer (all loops), random codes and realistic FP8 metadata."""
 
-    def __init__(self, s: Shape, b: int, ctx: int, cfg: RQConfig, head_major: bool = False) -> None:
+    def __init__(self, s: Shape, b: int, ctx: int, cfg: RQConfig) -> None:
         rows = b * ctx + b + 1
         self.views = [realistic_pool(cfg, num_loops=s.loops, num_kv_heads=s.heads, head_dim=s.dim,
-                                     rows=rows, device=DEV, head_major=head_major)
+                                     rows=rows, device=DEV)
                       for _ in range(s.layers)]
         self.ind = torch.arange(b + 1, device=DEV, dtype=torch.int32) * ctx
         self.idx = torch.arange(1, b * ctx + 1, device=DEV, dtype=torch.int64)
@@ -134,8 +134,8 @@ class RQCache:
     def __call__(self, u, li, q, k, v):
         self.stage_k[u, li].copy_(k)
         self.stage_v[u, li].copy_(v)
-        o = decode_attention_v2(q, k, v, self.views[li], u, self.ind, self.idx,
-                                sm_scale=self.s.dim ** -0.5, out=torch.empty_like(self.out))
+        o = decode_attention(q, k, v, self.views[li], u, self.ind, self.idx,
+                             sm_scale=self.s.dim ** -0.5, out=torch.empty_like(self.out))
         if u == self.s.loops - 1:
             commit(self.stage_k[:, li], self.stage_v[:, li], self.loc, self.views[li])
         return o
@@ -157,8 +157,6 @@ def main() -> None:
     ap.add_argument("--deadline", type=float, default=500.0)
     ap.add_argument("--margin-gb", type=float, default=8.0, help="GiB kept free on the full card")
     ap.add_argument("--dry-run", action="store_true")
-    ap.add_argument("--head-major", action="store_true",
-                    help="RQ pool stored head-major (benchmarks/bench_pool_layout.py)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     s = Shape(a.dry_run)
@@ -168,7 +166,7 @@ def main() -> None:
     props = torch.cuda.get_device_properties(0) if DEV == "cuda" else None
     res = dict(gpu=props.name if props else "cpu-interpreter", torch=torch.__version__,
                triton=triton.__version__, date=time.strftime("%Y-%m-%d"),
-               bf16_bytes_per_token=bf16_tok, rq_bytes_per_token=rq_tok, head_major=a.head_major,
+               bf16_bytes_per_token=bf16_tok, rq_bytes_per_token=rq_tok,
                runs=[], skipped=[])
     path = os.path.join(a.out, "bench_decode_step.json")
 
@@ -179,7 +177,7 @@ def main() -> None:
         if DEV == "cuda":
             torch.cuda.empty_cache()
         cache = (BF16Cache(s, b, ctx) if kind == "bf16"
-                 else RQCache(s, b, ctx, cfg, head_major=a.head_major))
+                 else RQCache(s, b, ctx, cfg))
         try:
             ms = time_step(s, W, cache, b)
         finally:

@@ -22,7 +22,7 @@ if "--dry-run" in sys.argv:
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.bench_attention import DEV, FAMILIES, bench, pool, sdpa_time  # noqa: E402
+from benchmarks.common import DEV, FAMILIES, bench, pool, sdpa_time  # noqa: E402
 from benchmarks.common import bench_args, write_json  # noqa: E402
 from rq_kernels.extend import extend_attention  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402

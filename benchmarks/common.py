@@ -9,6 +9,7 @@ import time
 
 import torch
 import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tests.kernels.views import make_view
 
@@ -26,6 +27,54 @@ def graph_ms(fn, *, warmup: int = 25, rep: int = 100) -> float:
     with torch.cuda.graph(g):
         fn()
     return triton.testing.do_bench(g.replay, warmup=warmup, rep=rep, return_mode="median")
+
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+FAMILIES = {  # the three model shapes of the kernel benchmarks: (num_qo_heads, num_kv_heads, head_dim)
+    "ouro-1.4b": (16, 16, 128),
+    "smollm2-gqa": (9, 3, 64),
+    "huginn-d96": (24, 24, 96),
+}
+
+
+def bench(fn) -> float:
+    """Median ms of ``fn`` replayed from a CUDA graph (`graph_ms`)."""
+    return graph_ms(fn)
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy, bytes read + written per second (TB/s)."""
+    a = torch.empty((2 << 30) if DEV == "cuda" else 1 << 20, dtype=torch.uint8,
+                    device=DEV).random_(0, 256)
+    b = torch.empty_like(a)
+    ms = (triton.testing.do_bench(lambda: b.copy_(a), warmup=25, rep=100, return_mode="median")
+          if DEV == "cuda" else bench(lambda: b.copy_(a)))
+    return 2 * a.numel() / ms / 1e9
+
+
+def pool(cfg, hkv, dim, rows, loops=4):
+    """A pool on ``DEV`` with random (finite, realistic) codes, FP8 scale/offset, coefficients."""
+    return realistic_pool(cfg, num_loops=loops, num_kv_heads=hkv, head_dim=dim, rows=rows,
+                          device=DEV)
+
+
+def sdpa_time(q, k, v, *, causal=False) -> tuple[float, str]:
+    """Fastest fused PyTorch SDPA backend for ``q [B, Hq, n, D]``, ``k/v [B, Hkv, m, D]`` bf16
+    (GQA natively if the backend takes it, else K/V expanded to Hq heads, noted in the name)."""
+    gqa = q.shape[1] != k.shape[1]
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        try:
+            with sdpa_kernel([backend]):
+                return bench(lambda: torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, is_causal=causal, enable_gqa=gqa)), backend.name
+        except RuntimeError:
+            continue
+    g = q.shape[1] // k.shape[1]
+    ke, ve = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    backends = [SDPBackend.FLASH_ATTENTION] if DEV == "cuda" else [SDPBackend.MATH]
+    with sdpa_kernel(backends):
+        return bench(lambda: torch.nn.functional.scaled_dot_product_attention(
+            q, ke, ve, is_causal=causal)), "FLASH_ATTENTION(expanded kv)"
 
 
 def realistic_pool(cfg, *, num_loops: int, num_kv_heads: int, head_dim: int, rows: int,

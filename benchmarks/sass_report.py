@@ -3,7 +3,7 @@
 ``python benchmarks/sass_report.py --triton-site DIR [--out FILE] [--cases ouro,smollm,huginn]``
 
 Step 1 (this process, Triton interpreter): run the real attention launchers
-(`decode_attention`, `decode_attention_v2`, `extend_attention`; not yet the commit kernel, whose
+(`decode_attention` with each split kernel, `extend_attention`; not yet the commit kernel, whose
 per-loop tuple arguments this script does not type) on small CPU views of each case's
 shape and record every kernel launch: argument types, which integer arguments the CUDA JIT would
 mark divisible by 16, the constexprs and the launch options. The interpreter's kernels are not
@@ -60,8 +60,7 @@ def capture(cases: list[str]) -> list[dict]:
     from triton.runtime.interpreter import InterpretedFunction
 
     from benchmarks.common import realistic_pool
-    from rq_kernels.decode import decode_attention
-    from rq_kernels.decode_v2 import decode_attention_v2
+    from rq_kernels.decode import DecodeLaunch, decode_attention, fma_unsupported_reason
     from rq_kernels.extend import extend_attention
     from sglang_rq.config import RQConfig
 
@@ -111,11 +110,12 @@ def capture(cases: list[str]) -> list[dict]:
         label["case"] = case
         for loop in (0, loops - 1):
             role = "residual" if loop < loops - 1 else "anchor"
-            label["path"] = f"decode_v1_{role}"
-            decode_attention(q, kc, kc, view, loop, ind, idx, sm_scale=dim ** -0.5)
-            if hq == hkv:
-                label["path"] = f"decode_v2_{role}"
-                decode_attention_v2(q, kc, kc, view, loop, ind, idx, sm_scale=dim ** -0.5)
+            for kernel in ("fma", "mma"):
+                if kernel == "fma" and fma_unsupported_reason(view, hq // hkv) is not None:
+                    continue
+                label["path"] = f"decode_{kernel}_{role}"
+                decode_attention(q, kc, kc, view, loop, ind, idx, sm_scale=dim ** -0.5,
+                                 launch=DecodeLaunch(split_kernel=kernel))
             label["path"] = f"extend_{role}"
             qx = torch.zeros(b * 8, hq, dim, dtype=torch.bfloat16)
             kx = torch.zeros(b * 8, hkv, dim, dtype=torch.bfloat16)

@@ -1,8 +1,24 @@
-"""Launcher of fused decode attention over the compressed cache (split-K + merge)."""
+"""Launcher of decode attention over the compressed cache: one split kernel per request split,
+then the LSE merge.
+
+Two split kernels serve one signature (`decode_attention`); the launcher picks by shape:
+
+* MHA (one query head per KV head): `rq_kernels/triton/decode_fma.py`, CUDA cores: exact fp32
+  codes from one LOP3 + FFMA, K logits as integer ``dp4a`` dots against a 16-bit fixed-point
+  query on loops with a residual, per-tile-row online softmax, a register double buffer;
+* GQA (or an MHA format the former cannot read as whole int32 words):
+  `rq_kernels/triton/decode_mma.py`, tensor cores: PTX magic-number fp16 codes times a
+  block-diagonal query holding every head of the group.
+
+Both write an unnormalised rotated-basis output per split; `rq_decode_merge_kernel` reduces the
+splits by log-sum-exp, un-rotates once and adds the in-flight token at full precision. The
+H200 measurements behind the choice and the defaults: docs/kernels.md.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -10,14 +26,36 @@ import torch
 
 from rq_kernels._host import (
     attention_loop_args, cdiv, check_decode_args, interpreting, next_pow2, require_kernel,
-    rotation_terms, unsupported_reason,
+    rotation_terms, strides3, unsupported_reason,
 )
-from rq_kernels.triton.decode import rq_decode_merge_kernel, rq_decode_split_kernel
+from rq_kernels.triton.decode_fma import rq_decode_fma_split_kernel
+from rq_kernels.triton.decode_mma import rq_decode_merge_kernel, rq_decode_mma_split_kernel
 
 if TYPE_CHECKING:
     from rq_kernels.view import CompressedLayerView
 
 LOG2E = 1.4426950408889634
+SPLIT_KERNELS = ("fma", "mma")
+
+
+@dataclass(frozen=True)
+class DecodeLaunch:
+    """Launch overrides of `decode_attention` (None: the H200-sweep default).
+
+    ``split_kernel``: ``"fma"`` or ``"mma"`` (default by shape, see the module docstring);
+    ``num_splits``: splits per request's history (default: fill one wave of the GPU);
+    ``block_n``: history tokens per tile (fma: 64 on loops with a residual, else 32 or 64 by
+    group count; mma: 32, and at least 32 on CUDA).
+    """
+
+    split_kernel: str | None = None
+    num_splits: int | None = None
+    block_n: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.split_kernel not in (None, *SPLIT_KERNELS):
+            raise ValueError(f"DecodeLaunch.split_kernel must be one of {SPLIT_KERNELS}, "
+                             f"got {self.split_kernel!r}")
 
 
 @lru_cache(maxsize=8)
@@ -26,22 +64,42 @@ def _num_sms(index: int) -> int:
 
 
 def choose_num_splits(batch_size: int, num_kv_heads: int, nnz: int, device: torch.device, *,
-                      block_n: int) -> int:
-    """Splits of each request's history so that the grid fills the GPU (host-only: uses
-    ``nnz`` = total history tokens, never a device read, so it is CUDA-graph friendly)."""
+                      block_n: int, programs_per_sm: int) -> int:
+    """Splits per request so that ``num_kv_heads * batch_size * splits`` programs fill about one
+    wave of ``programs_per_sm * SMs`` (equal-length programs, so a partly filled extra wave
+    costs a whole one), each split at least 4 tiles of ``block_n``. Host-only: uses ``nnz``
+    (the total history tokens), never a device read, so it is CUDA-graph friendly."""
     avg = max(1, nnz // max(1, batch_size))
-    most = max(1, cdiv(avg, 4 * block_n))  # at least ~4 tiles per split
+    most = max(1, cdiv(avg, 4 * block_n))
     if device.type != "cuda":
         return min(most, 3)
-    want = cdiv(4 * _num_sms(device.index or 0), batch_size * num_kv_heads)
+    want = (programs_per_sm * _num_sms(device.index or 0)) // (batch_size * num_kv_heads)
     return max(1, min(want, most))
+
+
+def fma_unsupported_reason(view: CompressedLayerView, group: int) -> str | None:
+    """Why the CUDA-core split kernel cannot serve ``view`` with ``group`` query heads per KV
+    head (None if it can): a fused format (`unsupported_reason`), MHA, a quantization group of
+    a multiple of 16 elements, and every stored loop's codes as whole, aligned int32 words."""
+    why = unsupported_reason(view)
+    if why is not None:
+        return why
+    if group != 1:
+        return f"{group} query heads per KV head (the CUDA-core kernel is MHA only)"
+    if view.cfg.group_size % 16:
+        return f"group_size={view.cfg.group_size} not a multiple of 16"
+    for i, seg in enumerate(view.segments):
+        c = view.codes[i]
+        if seg.bits and (seg.code_bytes % 4 or any(s % 4 for s in c.stride()[:-1])
+                         or c.data_ptr() % 4):
+            return f"codes[{i}] are not whole aligned int32 words"
+    return None
 
 
 def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
                      view: CompressedLayerView, loop_id: int, kv_indptr: torch.Tensor,
                      kv_indices: torch.Tensor, *, sm_scale: float, out: torch.Tensor | None = None,
-                     num_splits: int | None = None, block_n: int = 32, num_warps: int = 1,
-                     num_stages: int = 3, fast_convert: bool = True) -> torch.Tensor:
+                     launch: DecodeLaunch | None = None) -> torch.Tensor:
     """Decode attention of loop ``loop_id`` over the compressed history plus the in-flight token.
 
     Parameters
@@ -64,52 +122,69 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
         Softmax scale (``1/sqrt(head_dim)`` usually).
     out:
         Optional ``[batch_size, num_qo_heads, head_dim]`` output (q's dtype).
-    num_splits:
-        Splits of each history (split-K); default from the batch shape (`choose_num_splits`).
-    block_n, num_warps, num_stages, fast_convert:
-        Tile / launch config; defaults are the best of the H200 sweep (docs/kernels_history.md).
-        ``fast_convert`` selects the PTX int->fp16 conversion (ignored under the interpreter).
+    launch:
+        `DecodeLaunch` overrides (tests and benchmarks); None for the defaults.
 
     Returns
     -------
     ``[batch_size, num_qo_heads, head_dim]`` in the original basis, q's dtype.
 
+    Raises
+    ------
+    ValueError
+        For a format the kernels do not fuse (`rq_kernels._host.unsupported_reason`), CPU tensors
+        outside ``TRITON_INTERPRET=1``, or a launch the chosen split kernel cannot run; the
+        caller runs the twin `sglang_rq.reference.decode_attention_reference` instead.
+    AssertionError
+        For malformed arguments (shapes, dtypes, devices).
+
     Note
     ----
-    Two launches: split kernel ``(num_kv_heads, batch_size, num_splits)`` and merge kernel
-    ``(num_kv_heads, cdiv(batch_size * group, 16))``; a ``[batch_size, num_qo_heads, num_splits,
-    head_dim]`` fp32 workspace is allocated per call. Formats the kernels do not cover
-    (`rq_kernels._host.unsupported_reason`) and CPU tensors outside ``TRITON_INTERPRET=1`` run the
-    twin `sglang_rq.reference.decode_attention_reference`. CUDA-graph safe after one warm-up
-    call with the same rotation tensor.
+    Two launches: the split kernel ``(num_kv_heads, batch_size, num_splits)`` and the merge
+    kernel ``(num_kv_heads, cdiv(batch_size * group, 16))``; a ``[batch_size, num_qo_heads,
+    num_splits, head_dim_pow2]`` fp32 workspace is allocated per call. CUDA-graph safe after one
+    warm-up call with the same rotation tensor.
     """
-    require_kernel("decode_attention", unsupported_reason(view), rq_decode_split_kernel, q)
+    launch = launch or DecodeLaunch()
     B, HQ, D = q.shape
     HKV = k_cur.shape[1]
+    assert HKV > 0 and HQ % HKV == 0, f"num_qo_heads {HQ} not a multiple of num_kv_heads {HKV}"
+    gq = HQ // HKV
+    kernel = launch.split_kernel or ("fma" if fma_unsupported_reason(view, gq) is None else "mma")
+    if kernel == "fma":
+        require_kernel("decode_attention (fma)", fma_unsupported_reason(view, gq),
+                       rq_decode_fma_split_kernel, q)
+    else:
+        require_kernel("decode_attention", unsupported_reason(view), rq_decode_mma_split_kernel, q)
     out = check_decode_args(q, k_cur, v_cur, view, loop_id, kv_indptr, kv_indices, out)
     dev = q.device
-    if block_n < 32 and q.is_cuda:
-        # NOTE: measured wrong on the H200 (its 16-row tensor-core path); correct under the
-        # interpreter. Refused rather than risked; see docs/kernels_history.md "Decode v2".
-        raise ValueError(f"decode_attention: block_n={block_n} < 32 is not supported on CUDA")
-    gq = HQ // HKV
     args, c = attention_loop_args(view, loop_id)
-    gqv = max(next_pow2(gq), 16 // c["NGP"])
     dp = c["DP"]
-    splits = num_splits or choose_num_splits(B, HKV, kv_indices.numel(), dev, block_n=block_n)
     terms, alpha, nterms = rotation_terms(view.rotation, dp, dev)
     rot = (terms, terms.stride(0) if terms.dim() == 4 else 0,
            terms.stride(1) if terms.dim() == 4 else 0, dp, alpha)
     has_rot = view.rotation is not None
-    interp = interpreting(rq_decode_split_kernel)
-    mid_o = torch.empty(B, HQ, splits, dp, dtype=torch.float32, device=dev)
-    mid_ml = torch.empty(B, HQ, splits, 2, dtype=torch.float32, device=dev)
+    interp = interpreting(rq_decode_mma_split_kernel)
     qk_scale = sm_scale * LOG2E
-    rq_decode_split_kernel[(HKV, B, splits)](
-        q, q.stride(0), q.stride(1), kv_indptr, kv_indices, *args, *rot, mid_o, mid_ml,
-        qk_scale, splits, GQ=gq, GQV=gqv, HAS_ROT=has_rot, TERMS=nterms, BLOCK_N=block_n,
-        INTERP=interp, FAST=fast_convert and not interp, num_warps=num_warps,
-        num_stages=num_stages, **c)
+    if kernel == "fma":
+        mid_o, mid_ml, splits = _fma_split(q, kv_indptr, kv_indices, view, loop_id, args, c,
+                                           rot, nterms, has_rot, qk_scale, launch, interp)
+    else:
+        block_n = launch.block_n or 32
+        if block_n < 32 and q.is_cuda:
+            # NOTE: measured wrong on the H200 (its 16-row tensor-core path); correct under the
+            # interpreter. Refused rather than risked; see docs/kernels_history.md "Decode v2".
+            raise ValueError(f"decode_attention: block_n={block_n} < 32 is not supported by the "
+                             "tensor-core split kernel on CUDA")
+        splits = launch.num_splits or choose_num_splits(B, HKV, kv_indices.numel(), dev,
+                                                        block_n=block_n, programs_per_sm=4)
+        mid_o = torch.empty(B, HQ, splits, dp, dtype=torch.float32, device=dev)
+        mid_ml = torch.empty(B, HQ, splits, 2, dtype=torch.float32, device=dev)
+        gqv = max(next_pow2(gq), 16 // c["NGP"])
+        rq_decode_mma_split_kernel[(HKV, B, splits)](
+            q, q.stride(0), q.stride(1), kv_indptr, kv_indices, *args, *rot, mid_o, mid_ml,
+            qk_scale, splits, GQ=gq, GQV=gqv, HAS_ROT=has_rot, TERMS=nterms, BLOCK_N=block_n,
+            INTERP=interp, FAST=not interp, num_warps=1, num_stages=3, **c)
     block_m = 16
     rq_decode_merge_kernel[(HKV, cdiv(B * gq, block_m))](
         q, q.stride(0), q.stride(1), k_cur, k_cur.stride(0), k_cur.stride(1),
@@ -118,6 +193,49 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
         GQ=gq, D=D, DP=dp, HAS_ROT=has_rot, TERMS=nterms, BLOCK_M=block_m, INTERP=interp,
         num_warps=4)
     return out
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """A pool tensor's contiguous last dim reinterpreted as int32 words (same storage)."""
+    return t.view(torch.int32) if t.shape[-1] else t
+
+
+def _fma_split(q, kv_indptr, kv_indices, view, loop_id, args, c, rot, nterms, has_rot, qk_scale,
+               launch, interp):
+    """The CUDA-core split kernel; returns the merge kernel's inputs and the split count.
+
+    Defaults from the H200 sweeps (docs/kernels_history.md, "Decode v2 with integer K dots"):
+    on loops with a residual, integer K dots with two rows per thread (64-token tiles, 255
+    registers, 2 programs per SM); on the anchor-only loop exact-fp32 FFMA dots with one row
+    per thread, capped at 128 registers (4 programs per SM).
+    """
+    B, HQ, D = q.shape
+    dev = q.device
+    r_bits = c["R_BITS"]
+    k_idp = r_bits > 0
+    block_n = launch.block_n or (64 if k_idp else (32 if c["NGP"] >= 4 else 64))
+    per_sm = 2 if k_idp else 4
+    splits = launch.num_splits or choose_num_splits(B, HQ, kv_indices.numel(), dev,
+                                                    block_n=block_n, programs_per_sm=per_sm)
+    seg = view.segments[loop_id]
+    ac, am = _words(view.codes[seg.base]), view.meta[seg.base]
+    rc, rm = (_words(view.codes[loop_id]), view.meta[loop_id]) if r_bits else (ac, am)
+    cf, cf_st = args[-4], args[-3:]
+    pool = [t for t in (ac, am, rc, rm, cf) if t.numel()]
+    idx64 = max(sum((n - 1) * st for n, st in zip(t.shape, t.stride())) for t in pool) >= 2**31
+    opts = dict(num_warps=4, num_stages=2)
+    if not k_idp and not interp:
+        opts["maxnreg"] = 128
+    mid_o = torch.empty(B, HQ, splits, c["DP"], dtype=torch.float32, device=dev)
+    mid_ml = torch.empty(B, HQ, splits, 2, dtype=torch.float32, device=dev)
+    rq_decode_fma_split_kernel[(HQ, B, splits)](
+        q, q.stride(0), q.stride(1), kv_indptr, kv_indices,
+        ac, *strides3(ac), am, *strides3(am), rc, *strides3(rc), rm, *strides3(rm),
+        cf, *cf_st, *rot, mid_o, mid_ml, qk_scale, splits, HQ, 0x3F800000,
+        D=D, DP=c["DP"], G=c["G"], NG=c["NG"], NGP=c["NGP"], A_BITS=c["A_BITS"], R_BITS=r_bits,
+        HAS_COEF=c["HAS_COEF"], HAS_ROT=has_rot, TERMS=nterms, BLOCK_N=block_n, IDX64=idx64,
+        K_IDP=k_idp, INTERP=interp, **opts)
+    return mid_o, mid_ml, splits
 
 
 def default_sm_scale(head_dim: int) -> float:

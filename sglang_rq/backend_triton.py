@@ -5,9 +5,9 @@ compressed history/prefix rows, the in-flight tokens excluded) are built from SG
 ``req_to_token`` table by `sglang_rq.kv_plan.plan_history` and reused by every (loop, layer)
 call, as FlashInfer's plan/run split does. Each call then stages or commits the forward's K/V
 (`RQTokenToKVPool.save`, the commit kernel on the last loop) and runs the pool's decode or
-extend path (`sglang_rq.dispatch`, decided once: `rq_kernels.decode_attention_v2` for MHA,
-`rq_kernels.decode_attention` for GQA, `rq_kernels.extend_attention`, or the PyTorch twin for a
-format the kernels do not serve).
+extend path (`sglang_rq.dispatch`, decided once: `rq_kernels.decode_attention`, whose CUDA-core
+split kernel serves MHA and tensor-core split kernel GQA, `rq_kernels.extend_attention`, or the
+PyTorch twin for a format the kernels do not serve).
 
 CUDA graphs (decode), SGLang 0.5.23's contract (`AttentionBackend` docstring):
 ``init_cuda_graph_state`` allocates static ``kv_indptr``/``kv_indices`` for the largest batch and

@@ -8,9 +8,10 @@ name of what serves it and why:
 path     ``rq_native`` (CPU)                       ``rq_triton`` (CUDA; CPU under TRITON_INTERPRET)
 =======  ========================================  ==============================================
 commit   ``c``: `cpu_attention.commit_cpu`         ``triton``: `rq_kernels.commit`
-decode   ``c``: `cpu_attention.extend_attention_   ``triton_v2``: `decode_attention_v2` (MHA);
-         cpu`, one query row per request           ``triton``: `decode_attention` (GQA, or MHA
-                                                   formats v2 refuses)
+decode   ``c``: `cpu_attention.extend_attention_   `rq_kernels.decode_attention`: ``triton_fma``
+         cpu`, one query row per request           (MHA, CUDA-core split kernel) or ``triton``
+                                                   (GQA, or MHA formats the former refuses:
+                                                   tensor-core split kernel)
 extend   ``c``: `cpu_attention.extend_attention_   ``triton``: `rq_kernels.extend_attention`
          cpu`
 =======  ========================================  ==============================================
@@ -37,7 +38,7 @@ from rq_kernels import (
     commit, cpu_attention, decode_attention, extend_attention, kernel_device_reason,
     unsupported_reason,
 )
-from rq_kernels.decode_v2 import decode_attention_v2, v2_unsupported_reason
+from rq_kernels.decode import fma_unsupported_reason
 from sglang_rq import metrics
 from sglang_rq.reference import (
     commit_reference, decode_attention_reference, extend_attention_reference,
@@ -60,7 +61,7 @@ class KernelRequest:
     Attributes: ``backend`` the attention backend (``rq_native`` or ``rq_triton``; None: by
     device, ``rq_triton`` on CUDA, else ``rq_native``); ``use_kernels`` (``SGLANG_RQ_USE_KERNELS``;
     False: the twins serve every path); ``qo_heads_per_kv`` query heads per KV head (1 = MHA,
-    which decode v2 serves).
+    which the CUDA-core decode split kernel serves).
     """
 
     backend: str | None = None
@@ -77,7 +78,7 @@ class KernelRequest:
 
 @dataclass(frozen=True)
 class KernelPath:
-    """What serves one path: ``impl`` (``c``, ``triton``, ``triton_v2`` or ``twin``),
+    """What serves one path: ``impl`` (``c``, ``triton``, ``triton_fma`` or ``twin``),
     ``reason`` (why the preferred implementation does not serve it; "" when it does) and ``fn``.
 
     ``fn`` has the path's signature: commit ``(k_loops, v_loops, loc, view)``
@@ -180,11 +181,12 @@ def _resolve_triton(view: CompressedLayerView, dev: torch.device,
         return KernelPaths(*(_twin(p, why) for p in PATHS))
     decode = KernelPath("decode", "triton", "", decode_attention)
     if qo_heads_per_kv == 1:
-        # v2 (plain FFMA, no PTX) is 1.3-1.9x faster than v1 for MHA on the H200; v1's
-        # tensor-core path stays faster for GQA (docs/kernels.md, "Decode v2").
-        v2_why = v2_unsupported_reason(view, 1)
-        decode = (KernelPath("decode", "triton_v2", "", decode_attention_v2) if v2_why is None
-                  else KernelPath("decode", "triton", f"decode v2: {v2_why}", decode_attention))
+        # `decode_attention` picks its split kernel by the same rule: the CUDA-core kernel for
+        # MHA (1.3-1.9x the tensor-core one on the H200), the tensor-core kernel for GQA
+        # (docs/kernels.md); this only names which one serves, and why not the former
+        fma_why = fma_unsupported_reason(view, 1)
+        decode = (KernelPath("decode", "triton_fma", "", decode_attention) if fma_why is None
+                  else KernelPath("decode", "triton", f"decode fma: {fma_why}", decode_attention))
     return KernelPaths(commit=KernelPath("commit", "triton", "", commit), decode=decode,
                        extend=KernelPath("extend", "triton", "", extend_attention))
 

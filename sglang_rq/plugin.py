@@ -293,7 +293,7 @@ def staging_tokens_for(server_args) -> int:
 def kernel_request_for(server_args, model_config):
     """What the pool asks `dispatch.resolve` for: the attention backend (``rq_native`` runs the
     C library, ``rq_triton`` the Triton kernels), ``SGLANG_RQ_USE_KERNELS`` (false: the PyTorch
-    twins serve every path) and the model's query heads per KV head (decode v2 serves MHA)."""
+    twins serve every path) and the model's query heads per KV head (the CUDA-core decode split kernel serves MHA)."""
     from sglang_rq.dispatch import KernelRequest
 
     return KernelRequest(

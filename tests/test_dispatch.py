@@ -11,8 +11,7 @@ import logging
 import pytest
 import torch
 
-from rq_kernels import cpu_attention
-from rq_kernels.decode_v2 import decode_attention_v2
+from rq_kernels import cpu_attention, decode_attention
 from sglang_rq import dispatch, metrics
 from sglang_rq.config import RQConfig
 from sglang_rq.dispatch import KernelRequest, resolve
@@ -41,10 +40,10 @@ def test_format_the_triton_kernels_refuse_runs_the_twin_with_its_reason():
     assert one_bit.decode.is_twin and "has 1 bits" in one_bit.decode.reason
 
 
-def test_default_format_on_cuda_is_served_by_triton_v2_for_mha_and_v1_for_gqa():
+def test_default_format_on_cuda_is_served_by_the_fma_kernel_for_mha_and_mma_for_gqa():
     mha = resolve(view_of(RQConfig()), device="cuda", request=TRITON)
-    assert impls(mha) == {"commit": "triton", "decode": "triton_v2", "extend": "triton"}
-    assert mha.decode.fn is decode_attention_v2 and all(p.reason == "" for p in mha)
+    assert impls(mha) == {"commit": "triton", "decode": "triton_fma", "extend": "triton"}
+    assert mha.decode.fn is decode_attention and all(p.reason == "" for p in mha)
     gqa = resolve(view_of(RQConfig()), device="cuda",
                   request=KernelRequest(backend="rq_triton", qo_heads_per_kv=4))
     assert impls(gqa) == {"commit": "triton", "decode": "triton", "extend": "triton"}

@@ -2,7 +2,7 @@
 
 The step is what `sglang_rq.backend_triton` does per layer for one decode forward: the plan
 (`sglang_rq.kv_plan.plan_history` from a ``req_to_token`` table into buffers sized for the
-largest batch and context), decode attention v2 for every loop, then the commit of the new
+largest batch and context), decode attention for every loop, then the commit of the new
 token's loops. Padded rows are SGLang's: request-table row 0, ``seq_len`` 1, slot 0.
 
 Checked against an independent plan (per-request slot lists concatenated by hand) through
@@ -18,7 +18,7 @@ import torch
 from views import make_view
 
 from rq_kernels.commit import commit
-from rq_kernels.decode_v2 import decode_attention_v2
+from rq_kernels import decode_attention
 from rq_kernels.testing import attention_errors, loop_kv, sdpa_bf16, within_policy
 from sglang_rq.config import RQConfig
 from sglang_rq.kv_plan import kv_indices_capacity, plan_history
@@ -50,9 +50,9 @@ class Step:
     def __call__(self):
         plan_history(self.table, self.req, self.seq_lens - 1, self.kv_indptr, self.kv_indices)
         for loop in range(LOOPS):
-            decode_attention_v2(self.q[loop], self.k[loop], self.v[loop], self.view, loop,
-                                self.kv_indptr, self.kv_indices, sm_scale=SCALE,
-                                out=self.out[loop])
+            decode_attention(self.q[loop], self.k[loop], self.v[loop], self.view, loop,
+                             self.kv_indptr, self.kv_indices, sm_scale=SCALE,
+                             out=self.out[loop])
         commit(self.k, self.v, self.loc, self.view)
 
     def load(self, req, seq_lens, loc, seed):

@@ -1,4 +1,5 @@
-"""Fused decode attention vs "reference dequantization + fp32 attention".
+"""Fused decode attention (both split kernels: CUDA-core for MHA, tensor-core for GQA and, forced
+with `DecodeLaunch`, for MHA too) vs "reference dequantization + fp32 attention".
 
 Tolerance policy (flash-attn rule)
 ----------------------------------
@@ -21,6 +22,7 @@ import torch
 from attn_cases import build, history, queries
 
 from rq_kernels import decode_attention, unsupported_reason
+from rq_kernels.decode import DecodeLaunch, fma_unsupported_reason
 from rq_kernels.testing import attention_errors, sdpa_bf16, within_policy
 from sglang_rq.config import RQConfig
 from sglang_rq.reference import decode_attention_reference
@@ -33,6 +35,10 @@ CPU_CASES = [  # name, cfg, loops, num_kv_heads, group, head_dim, history lens, 
     ("d96_random_orth_gqa3", RQConfig(), 4, 1, 3, 96, [15, 1, 17], "rand", (2,)),
     ("d96_h12_first_nolsq_a8r4", H12, 3, 2, 1, 96, [17], "cfg", (0, 2)),
     ("single_loop", RQConfig(), 1, 2, 1, 64, [1, 15, 17], "cfg", (0,)),
+    ("gqa8_d64", RQConfig(), 2, 1, 8, 64, [33, 2], "cfg", (0, 1)),
+    ("group16_gqa2", RQConfig(group_size=16), 3, 1, 2, 64, [19], "cfg", (0, 2)),
+    ("group64_shared_loop", RQConfig(group_size=64, loop_bits=(0, 2, 4)), 3, 1, 1, 128, [21],
+     "cfg", (0, 1, 2)),
 ]
 GPU_CASES = [
     ("ouro_mixed", RQConfig(), 4, 16, 1, 128, [1, 4097, 8191], "cfg", (0, 3)),
@@ -44,7 +50,7 @@ GPU_CASES = [
 
 
 def _run(cfg, loops, hkv, group, dim, lens, rot, loop_ids, device, seed, head_major=False,
-         **kw):
+         launch=None):
     view, ind, idx, slots = build(cfg, loops=loops, num_kv_heads=hkv, group=group, dim=dim,
                                   lens=lens, rot=rot, device=device, seed=seed,
                                   head_major=head_major)
@@ -53,7 +59,7 @@ def _run(cfg, loops, hkv, group, dim, lens, rot, loop_ids, device, seed, head_ma
     scale = dim ** -0.5
     for loop in loop_ids:
         out = torch.full_like(q, float("nan"))
-        decode_attention(q, kc, vc, view, loop, ind, idx, sm_scale=scale, out=out, **kw)
+        decode_attention(q, kc, vc, view, loop, ind, idx, sm_scale=scale, out=out, launch=launch)
         ref = decode_attention_reference(q.float(), kc, vc, view, loop, ind, idx, sm_scale=scale)
         kh, vh = history(view, slots, loop)
         yard = sdpa_bf16(q, kh, vh, kc, vc, list(range(b + 1)), sm_scale=scale)
@@ -70,12 +76,30 @@ def test_decode_matches_reference(name, cfg, loops, hkv, group, dim, lens, rot, 
     if device == "cuda":
         pytest.skip("small interpreter case; GPU runs test_decode_real_size")
     _run(cfg, loops, hkv, group, dim, lens, rot, loop_ids, device, seed=11)
+    if group == 1:  # the tensor-core split kernel on the same MHA case
+        _run(cfg, loops, hkv, group, dim, lens, rot, loop_ids, device, seed=11,
+             launch=DecodeLaunch(split_kernel="mma"))
 
 
-def test_decode_more_splits_than_tiles(device):
-    """Empty splits (more splits than history tiles) and an empty history merge correctly."""
-    _run(RQConfig(), 4, 1, 2, 64, [1, 0, 17], "cfg", (0,), device, seed=12, num_splits=5,
-         block_n=16 if device == "cpu" else 32)  # block_n=16 is refused on CUDA (wrong there)
+@pytest.mark.parametrize("group", [1, 2])
+def test_decode_more_splits_than_tiles(group, device):
+    """Empty splits (more splits than history tiles), several tiles per split with a partial
+    last one, and an empty history merge correctly (MHA: CUDA-core kernel, GQA: tensor-core)."""
+    bn = 16 if device == "cpu" or group == 1 else 32  # block_n=16 is refused on CUDA for mma
+    _run(RQConfig(), 4, 1, group, 64, [1, 0, 17], "cfg", (0,), device, seed=12,
+         launch=DecodeLaunch(num_splits=5, block_n=bn))
+    _run(RQConfig(), 4, 1, group, 64, [70, 1, 0], "cfg", (0, 3), device, seed=19,
+         launch=DecodeLaunch(num_splits=2, block_n=bn))
+
+
+def test_decode_picks_the_split_kernel_by_shape(device):
+    """MHA formats with whole int32 code words: the CUDA-core kernel; GQA: tensor-core."""
+    view, *_ = build(RQConfig(), loops=4, num_kv_heads=1, group=1, dim=64, lens=[5],
+                     rot="cfg", device=device, seed=16)
+    assert fma_unsupported_reason(view, 1) is None
+    assert "query heads per KV head" in fma_unsupported_reason(view, 2)
+    with pytest.raises(ValueError, match="split_kernel"):
+        DecodeLaunch(split_kernel="v2")
 
 
 def test_decode_head_major_pool(device):
@@ -102,6 +126,25 @@ def test_decode_real_size(name, cfg, loops, hkv, group, dim, lens, rot, loop_ids
 
 
 @pytest.mark.gpu
+def test_decode_cuda_graph_mma(device):
+    """The tensor-core split kernel (GQA 2) under capture and replay."""
+    view, ind, idx, _ = build(RQConfig(), loops=4, num_kv_heads=2, group=2, dim=128,
+                              lens=[300, 1000], rot="cfg", device=device, seed=32)
+    q, kc, vc = queries(2, 4, 2, 128, device=device, seed=32)
+    out = torch.empty_like(q)
+    kw = dict(sm_scale=128 ** -0.5, out=out, launch=DecodeLaunch(num_splits=4))
+    decode_attention(q, kc, vc, view, 3, ind, idx, **kw)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decode_attention(q, kc, vc, view, 3, ind, idx, **kw)
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = decode_attention_reference(q.float(), kc, vc, view, 3, ind, idx, sm_scale=kw["sm_scale"])
+    assert (out.float() - ref).abs().max().item() < 0.05 * ref.abs().max().item()
+
+
+@pytest.mark.gpu
 def test_decode_cuda_graph(device):
     """Capture once (after a warm-up call), replay after changing the inputs in place."""
     cfg = RQConfig()
@@ -109,7 +152,7 @@ def test_decode_cuda_graph(device):
                               lens=[300, 1000], rot="cfg", device=device, seed=31)
     q, kc, vc = queries(2, 4, 4, 128, device=device, seed=31)
     out = torch.empty_like(q)
-    kw = dict(sm_scale=128 ** -0.5, out=out, num_splits=4)
+    kw = dict(sm_scale=128 ** -0.5, out=out, launch=DecodeLaunch(num_splits=4))
     decode_attention(q, kc, vc, view, 0, ind, idx, **kw)  # warm-up (compile, rotation cache)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

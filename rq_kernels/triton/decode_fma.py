@@ -1,4 +1,4 @@
-"""Decode attention over the compressed cache, version 2 (``@triton.jit`` only).
+"""Decode attention over the compressed cache on CUDA cores, MHA (``@triton.jit`` only).
 
 Plain CUDA-core kernel, no tensor cores in the main loop (decode is memory-bound). The split
 kernel streams ``BLOCK_N`` history tokens per tile. One program handles one (KV head, request,
@@ -30,11 +30,11 @@ The online softmax runs *per tile row*: token ``n0 + i`` updates row ``i``'s own
 ``[groups, G]`` accumulator. There is no reduction across threads in the loop, apart from the
 small one over groups for the logits. The rows are merged by log-sum-exp once, at the end of
 the program. The output ``MidO [B, Hq, S, DP]`` (unnormalised, rotated basis) and ``MidML``
-(max in log2 units, sum) have exactly the layout that v1's `rq_decode_merge_kernel` consumes.
+(max in log2 units, sum) have exactly the layout that `rq_decode_merge_kernel` (decode_mma.py) consumes.
 That kernel un-rotates once, adds the in-flight token and normalises.
 
-GQA: the decoded codes are duplicated in registers with `tl.join` to ``[.., G, GQP]``. Then
-every head of the group reuses one decode of the codes.
+One query head per KV head (MHA); GQA runs the tensor-core split kernel
+(`rq_kernels/triton/decode_mma.py`), which amortises the decoded codes over the group's heads.
 """
 
 import triton
@@ -83,50 +83,30 @@ def _decode_int8(w, mg):
 
 @triton.jit
 def _gather_words(base, slot, s_row, n_mask, NG, BITS: tl.constexpr, G: tl.constexpr,
-                  NGP: tl.constexpr, FSPLIT: tl.constexpr):
-    """Gather the int32 code words of ``BLOCK_N`` tokens.
-
-    FSPLIT=False: ``[BLOCK_N, NGP, G*BITS/32]``, one thread loads a whole group (16 B for INT4
-    g32). FSPLIT=True: ``[BLOCK_N, NGP*G/16, BITS/2]``, one thread loads one 16-element frame (the
-    contiguity hint stops the loads from being widened), so a thread holds 16 instead of G
-    elements (used for GQA, where the accumulator has GQP copies).
-    """
+                  NGP: tl.constexpr):
+    """Gather the int32 code words of ``BLOCK_N`` tokens: ``[BLOCK_N, NGP, G*BITS/32]``, one
+    thread loads a whole group (16 B for INT4 g32)."""
     WPF: tl.constexpr = BITS // 2  # words per 16-element frame
     WG: tl.constexpr = G // 16  # frames per group
-    if FSPLIT:
-        f = tl.arange(0, NGP * WG)
-        k = tl.arange(0, WPF)
-        offs = slot[:, None, None] * s_row + f[None, :, None] * WPF + k[None, None, :]
-        offs = tl.max_contiguous(offs, [1, 1, WPF])
-        m = n_mask[:, None, None] & (f < NG * WG)[None, :, None]
-    else:
-        g = tl.arange(0, NGP)
-        j = tl.arange(0, WG * WPF)
-        offs = slot[:, None, None] * s_row + g[None, :, None] * (WG * WPF) + j[None, None, :]
-        offs = tl.max_contiguous(offs, [1, 1, WG * WPF])
-        m = n_mask[:, None, None] & (g < NG)[None, :, None]
+    g = tl.arange(0, NGP)
+    j = tl.arange(0, WG * WPF)
+    offs = slot[:, None, None] * s_row + g[None, :, None] * (WG * WPF) + j[None, None, :]
+    offs = tl.max_contiguous(offs, [1, 1, WG * WPF])
+    m = n_mask[:, None, None] & (g < NG)[None, :, None]
     return tl.load(base + offs, mask=m, other=0)
 
 
 @triton.jit
 def _decode_words(w, mg, BITS: tl.constexpr, G: tl.constexpr, NGP: tl.constexpr,
-                  BLOCK_N: tl.constexpr, FSPLIT: tl.constexpr):
+                  BLOCK_N: tl.constexpr):
     """`_gather_words` output -> ``[BLOCK_N, NGP, G]`` exact fp32 codes in natural order."""
     WG: tl.constexpr = G // 16
-    if FSPLIT:
-        if BITS == 2:
-            v = _decode_int2(tl.reshape(w, [BLOCK_N, NGP * WG]), mg)
-        elif BITS == 4:
-            v = _decode_int4(w, mg)
-        else:
-            v = _decode_int8(tl.reshape(w, [BLOCK_N, NGP * WG, 2, 2]), mg)
+    if BITS == 2:
+        v = _decode_int2(w, mg)
+    elif BITS == 4:
+        v = _decode_int4(tl.reshape(w, [BLOCK_N, NGP, WG, 2]), mg)
     else:
-        if BITS == 2:
-            v = _decode_int2(w, mg)
-        elif BITS == 4:
-            v = _decode_int4(tl.reshape(w, [BLOCK_N, NGP, WG, 2]), mg)
-        else:
-            v = _decode_int8(tl.reshape(w, [BLOCK_N, NGP, WG, 2, 2]), mg)
+        v = _decode_int8(tl.reshape(w, [BLOCK_N, NGP, WG, 2, 2]), mg)
     return tl.reshape(v, [BLOCK_N, NGP, G])
 
 
@@ -152,8 +132,7 @@ def _meta_values(x):
 def _load_tile(n0, hi, KvIndices, start, Ac, s_ac_r, s_ac_kv, Am, s_am_r, s_am_kv, Rc, s_rc_r,
                s_rc_kv, Rm, s_rm_r, s_rm_kv, Cf, s_cf_r, s_cf_kv, NG,
                G: tl.constexpr, NGP: tl.constexpr, A_BITS: tl.constexpr, R_BITS: tl.constexpr,
-               HAS_COEF: tl.constexpr, BLOCK_N: tl.constexpr, FSPLIT: tl.constexpr,
-               IDX64: tl.constexpr):
+               HAS_COEF: tl.constexpr, BLOCK_N: tl.constexpr, IDX64: tl.constexpr):
     """Every global load of one tile (raw words, meta pairs, coefficients). Bases already point
     at this program's KV head. Loops without a residual or coefficients get 1-element dummies."""
     offs = n0 + tl.arange(0, BLOCK_N)
@@ -161,13 +140,13 @@ def _load_tile(n0, hi, KvIndices, start, Ac, s_ac_r, s_ac_kv, Am, s_am_r, s_am_k
     slot = tl.load(KvIndices + start + offs, mask=n_mask, other=0)
     if not IDX64:  # every pool offset fits in int32: 32-bit address math (IMAD.WIDE)
         slot = slot.to(tl.int32)
-    ka = _gather_words(Ac, slot, s_ac_r, n_mask, NG, A_BITS, G, NGP, FSPLIT)
-    va = _gather_words(Ac + s_ac_kv, slot, s_ac_r, n_mask, NG, A_BITS, G, NGP, FSPLIT)
+    ka = _gather_words(Ac, slot, s_ac_r, n_mask, NG, A_BITS, G, NGP)
+    va = _gather_words(Ac + s_ac_kv, slot, s_ac_r, n_mask, NG, A_BITS, G, NGP)
     kam = _gather_meta(Am, slot, s_am_r, n_mask, NG, NGP)
     vam = _gather_meta(Am + s_am_kv, slot, s_am_r, n_mask, NG, NGP)
     if R_BITS > 0:
-        kr = _gather_words(Rc, slot, s_rc_r, n_mask, NG, R_BITS, G, NGP, FSPLIT)
-        vr = _gather_words(Rc + s_rc_kv, slot, s_rc_r, n_mask, NG, R_BITS, G, NGP, FSPLIT)
+        kr = _gather_words(Rc, slot, s_rc_r, n_mask, NG, R_BITS, G, NGP)
+        vr = _gather_words(Rc + s_rc_kv, slot, s_rc_r, n_mask, NG, R_BITS, G, NGP)
         krm = _gather_meta(Rm, slot, s_rm_r, n_mask, NG, NGP)
         vrm = _gather_meta(Rm + s_rm_kv, slot, s_rm_r, n_mask, NG, NGP)
     else:
@@ -182,22 +161,6 @@ def _load_tile(n0, hi, KvIndices, start, Ac, s_ac_r, s_ac_kv, Am, s_am_r, s_am_k
         ck = tl.zeros([1], tl.bfloat16)
         cv = tl.zeros([1], tl.bfloat16)
     return n_mask, ka, va, kam, vam, kr, vr, krm, vrm, ck, cv
-
-
-@triton.jit
-def _heads(x, GQP: tl.constexpr):
-    """``[.., G]`` -> ``[.., G, GQP]`` register copies (GQP in 2, 4, 8); identity for GQP == 1."""
-    if GQP == 1:
-        return x
-    elif GQP == 2:
-        return tl.join(x, x)
-    elif GQP == 4:
-        y = tl.join(x, x)
-        return tl.reshape(tl.join(y, y), [x.shape[0], x.shape[1], x.shape[2], 4])
-    else:
-        y = tl.join(x, x)
-        y = tl.join(y, y)
-        return tl.reshape(tl.join(y, y), [x.shape[0], x.shape[1], x.shape[2], 8])
 
 
 @triton.jit
@@ -273,24 +236,23 @@ def _kdot_idp(w, qhi, qlo, sq, BITS: tl.constexpr, INTERP: tl.constexpr):
 
 
 @triton.jit
-def rq_decode_v2_split_kernel(
-    Q, s_qb, s_qh,  # [B, Hq, D] bf16
+def rq_decode_fma_split_kernel(
+    Q, s_qb, s_qh,  # [B, H, D] bf16
     KvIndptr, KvIndices,  # [B+1] int32, [nnz] int64
-    Ac, s_ac_r, s_ac_kv, s_ac_h: tl.constexpr,  # anchor code words [rows, 2, Hkv, DA/4] int32
-    Am, s_am_r, s_am_kv, s_am_h: tl.constexpr,  # anchor meta [rows, 2, Hkv, NG, 2] uint8
+    Ac, s_ac_r, s_ac_kv, s_ac_h: tl.constexpr,  # anchor code words [rows, 2, H, DA/4] int32
+    Am, s_am_r, s_am_kv, s_am_h: tl.constexpr,  # anchor meta [rows, 2, H, NG, 2] uint8
     Rc, s_rc_r, s_rc_kv, s_rc_h: tl.constexpr,  # residual code words (or dummy)
     Rm, s_rm_r, s_rm_kv, s_rm_h: tl.constexpr,  # residual meta (or dummy)
-    Cf, s_cf_r, s_cf_kv, s_cf_h,  # coefficients [rows, 2, Hkv] bf16 (or dummy)
-    Rot, s_rterm, s_rhead, s_rrow, alpha,  # [TERMS, Hkv, DP, DP] bf16
-    MidO, MidML,  # [B, Hq, S, DP] fp32, [B, Hq, S, 2] fp32
-    qk_scale, num_splits, num_qo_heads, magic,  # sm_scale*log2(e); magic = 0x3F800000
-    GQ: tl.constexpr, GQP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, G: tl.constexpr,
-    NG: tl.constexpr, NGP: tl.constexpr, A_BITS: tl.constexpr, R_BITS: tl.constexpr,
-    HAS_COEF: tl.constexpr, HAS_ROT: tl.constexpr, TERMS: tl.constexpr,
-    BLOCK_N: tl.constexpr, FSPLIT: tl.constexpr, PREFETCH: tl.constexpr, IDX64: tl.constexpr,
-    K_IDP: tl.constexpr, INTERP: tl.constexpr,
+    Cf, s_cf_r, s_cf_kv, s_cf_h,  # coefficients [rows, 2, H] bf16 (or dummy)
+    Rot, s_rterm, s_rhead, s_rrow, alpha,  # [TERMS, H, DP, DP] bf16
+    MidO, MidML,  # [B, H, S, DP] fp32, [B, H, S, 2] fp32
+    qk_scale, num_splits, num_heads, magic,  # sm_scale*log2(e); magic = 0x3F800000
+    D: tl.constexpr, DP: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr,
+    A_BITS: tl.constexpr, R_BITS: tl.constexpr, HAS_COEF: tl.constexpr, HAS_ROT: tl.constexpr,
+    TERMS: tl.constexpr, BLOCK_N: tl.constexpr, IDX64: tl.constexpr, K_IDP: tl.constexpr,
+    INTERP: tl.constexpr,
 ):
-    QROWS: tl.constexpr = 16 if GQP < 16 else GQP
+    QROWS: tl.constexpr = 16
     NEG: tl.constexpr = -1.0e30  # finite "minus infinity": keeps empty rows NaN-free
     hk = tl.program_id(0)
     b = tl.program_id(1)
@@ -301,73 +263,57 @@ def rq_decode_v2_split_kernel(
     lo = split * per_split
     hi = tl.minimum(lo + per_split, seq_len)
 
-    # ---- rotated query q' [QROWS, DP] fp32 (tensor cores, exact products), as [NGP, G(, GQP)]
+    # ---- rotated query q' [QROWS, DP] fp32 (tensor cores, exact products; row 0 is real)
     d = tl.arange(0, DP)
     hrow = tl.arange(0, QROWS)
-    q = tl.load(Q + b * s_qb + (hk * GQ + hrow[:, None]) * s_qh + d[None, :],
-                mask=(hrow[:, None] < GQ) & (d[None, :] < D), other=0.0)
+    q = tl.load(Q + b * s_qb + (hk + hrow[:, None]) * s_qh + d[None, :],
+                mask=(hrow[:, None] < 1) & (d[None, :] < D), other=0.0)
     if HAS_ROT:
         q = rotate_rows(q, Rot + hk * s_rhead, s_rterm, s_rrow, TERMS, False, False, DP,
                         INTERP) * alpha
     else:
         q = q.to(tl.float32)
-    q3 = tl.reshape(tl.trans(q), [DP, QROWS // GQP, GQP])  # [DP, x, h]: keep x == 0
-    xsel = tl.arange(0, QROWS // GQP)
-    qt = tl.sum(tl.where(xsel[None, :, None] == 0, q3, 0.0), axis=1)  # [DP, GQP]
-    if GQP == 1:
-        qg = tl.reshape(qt, [NGP, G])
-        qsum = tl.sum(qg, axis=1)  # [NGP]
-        if K_IDP:  # q' ~= sq * (qhi + qlo / 256) per group, |error| <= sq / 512 (16-bit q')
-            sq = tl.maximum(tl.max(tl.abs(qg), axis=1), 1e-30) / 127.0  # [NGP]
-            qhi = tl.floor(qg / sq[:, None] + 0.5)
-            qlo = tl.floor((qg - qhi * sq[:, None]) * (256.0 / sq[:, None]) + 0.5)
-            qlo = tl.minimum(tl.maximum(qlo, -127.0), 127.0)
-            qa_hi = _pack_query(qhi.to(tl.int32), A_BITS, NGP, G)
-            qa_lo = _pack_query(qlo.to(tl.int32), A_BITS, NGP, G)
-            if R_BITS > 0:
-                qr_hi = _pack_query(qhi.to(tl.int32), R_BITS, NGP, G)
-                qr_lo = _pack_query(qlo.to(tl.int32), R_BITS, NGP, G)
-    else:
-        qg = tl.reshape(qt, [NGP, G, GQP])
-        qsum = tl.sum(qg, axis=1)  # [NGP, GQP]
+    q3 = tl.reshape(tl.trans(q), [DP, QROWS, 1])  # [DP, x, 1]: keep x == 0
+    xsel = tl.arange(0, QROWS)
+    qt = tl.sum(tl.where(xsel[None, :, None] == 0, q3, 0.0), axis=1)  # [DP, 1]
+    qg = tl.reshape(qt, [NGP, G])
+    qsum = tl.sum(qg, axis=1)  # [NGP]
+    if K_IDP:  # q' ~= sq * (qhi + qlo / 256) per group, |error| <= sq / 512 (16-bit q')
+        sq = tl.maximum(tl.max(tl.abs(qg), axis=1), 1e-30) / 127.0  # [NGP]
+        qhi = tl.floor(qg / sq[:, None] + 0.5)
+        qlo = tl.floor((qg - qhi * sq[:, None]) * (256.0 / sq[:, None]) + 0.5)
+        qlo = tl.minimum(tl.maximum(qlo, -127.0), 127.0)
+        qa_hi = _pack_query(qhi.to(tl.int32), A_BITS, NGP, G)
+        qa_lo = _pack_query(qlo.to(tl.int32), A_BITS, NGP, G)
+        if R_BITS > 0:
+            qr_hi = _pack_query(qhi.to(tl.int32), R_BITS, NGP, G)
+            qr_lo = _pack_query(qlo.to(tl.int32), R_BITS, NGP, G)
 
-    if GQP == 1:
-        m_r = tl.full([BLOCK_N], NEG, tl.float32)
-        l_r = tl.zeros([BLOCK_N], tl.float32)
-        acc = tl.zeros([BLOCK_N, NGP, G], tl.float32)
-        acc_m = tl.zeros([BLOCK_N, NGP], tl.float32)
-    else:
-        m_r = tl.full([BLOCK_N, GQP], NEG, tl.float32)
-        l_r = tl.zeros([BLOCK_N, GQP], tl.float32)
-        acc = tl.zeros([BLOCK_N, NGP, G, GQP], tl.float32)
-        acc_m = tl.zeros([BLOCK_N, NGP, GQP], tl.float32)
+    m_r = tl.full([BLOCK_N], NEG, tl.float32)
+    l_r = tl.zeros([BLOCK_N], tl.float32)
+    acc = tl.zeros([BLOCK_N, NGP, G], tl.float32)
+    acc_m = tl.zeros([BLOCK_N, NGP], tl.float32)
 
     Ach = Ac + hk * s_ac_h
     Amh = Am + hk * s_am_h
     Rch = Rc + hk * s_rc_h
     Rmh = Rm + hk * s_rm_h
     Cfh = Cf + hk * s_cf_h
-    if PREFETCH:  # registers double buffer: tile i+1's loads are in flight during tile i
-        t_mask, t_ka, t_va, t_kam, t_vam, t_kr, t_vr, t_krm, t_vrm, t_ck, t_cv = _load_tile(
-            lo, hi, KvIndices, start, Ach, s_ac_r, s_ac_kv, Amh, s_am_r, s_am_kv, Rch, s_rc_r,
-            s_rc_kv, Rmh, s_rm_r, s_rm_kv, Cfh, s_cf_r, s_cf_kv, NG, G, NGP, A_BITS, R_BITS,
-            HAS_COEF, BLOCK_N, FSPLIT, IDX64)
+    # register double buffer: tile i+1's loads are in flight during tile i
+    t_mask, t_ka, t_va, t_kam, t_vam, t_kr, t_vr, t_krm, t_vrm, t_ck, t_cv = _load_tile(
+        lo, hi, KvIndices, start, Ach, s_ac_r, s_ac_kv, Amh, s_am_r, s_am_kv, Rch, s_rc_r,
+        s_rc_kv, Rmh, s_rm_r, s_rm_kv, Cfh, s_cf_r, s_cf_kv, NG, G, NGP, A_BITS, R_BITS,
+        HAS_COEF, BLOCK_N, IDX64)
     for n0 in range(lo, hi, BLOCK_N):
-        if PREFETCH:
-            n_mask, kaw, vaw, kam, vam, krw, vrw, krm, vrm, ckw, cvw = (
-                t_mask, t_ka, t_va, t_kam, t_vam, t_kr, t_vr, t_krm, t_vrm, t_ck, t_cv)
-            t_mask, t_ka, t_va, t_kam, t_vam, t_kr, t_vr, t_krm, t_vrm, t_ck, t_cv = _load_tile(
-                n0 + BLOCK_N, hi, KvIndices, start, Ach, s_ac_r, s_ac_kv, Amh, s_am_r, s_am_kv,
-                Rch, s_rc_r, s_rc_kv, Rmh, s_rm_r, s_rm_kv, Cfh, s_cf_r, s_cf_kv, NG, G, NGP,
-                A_BITS, R_BITS, HAS_COEF, BLOCK_N, FSPLIT, IDX64)
-        else:
-            n_mask, kaw, vaw, kam, vam, krw, vrw, krm, vrm, ckw, cvw = _load_tile(
-                n0, hi, KvIndices, start, Ach, s_ac_r, s_ac_kv, Amh, s_am_r, s_am_kv, Rch,
-                s_rc_r, s_rc_kv, Rmh, s_rm_r, s_rm_kv, Cfh, s_cf_r, s_cf_kv, NG, G, NGP, A_BITS,
-                R_BITS, HAS_COEF, BLOCK_N, FSPLIT, IDX64)
-        # ---- K: per-group dots X[n, g(, h)] = sum_e code * q'
+        n_mask, kaw, vaw, kam, vam, krw, vrw, krm, vrm, ckw, cvw = (
+            t_mask, t_ka, t_va, t_kam, t_vam, t_kr, t_vr, t_krm, t_vrm, t_ck, t_cv)
+        t_mask, t_ka, t_va, t_kam, t_vam, t_kr, t_vr, t_krm, t_vrm, t_ck, t_cv = _load_tile(
+            n0 + BLOCK_N, hi, KvIndices, start, Ach, s_ac_r, s_ac_kv, Amh, s_am_r, s_am_kv,
+            Rch, s_rc_r, s_rc_kv, Rmh, s_rm_r, s_rm_kv, Cfh, s_cf_r, s_cf_kv, NG, G, NGP,
+            A_BITS, R_BITS, HAS_COEF, BLOCK_N, IDX64)
+        # ---- K: per-group dots X[n, g] = sum_e code * q'
         if not K_IDP:
-            ka = _decode_words(kaw, magic, A_BITS, G, NGP, BLOCK_N, FSPLIT)
+            ka = _decode_words(kaw, magic, A_BITS, G, NGP, BLOCK_N)
         sk, ok = _meta_values(kam)
         if HAS_COEF:
             ck = ckw.to(tl.float32)
@@ -375,75 +321,47 @@ def rq_decode_v2_split_kernel(
             ok = ok * ck[:, None]
         if K_IDP:
             lg2 = _kdot_idp(kaw, qa_hi, qa_lo, sq, A_BITS, INTERP) * sk
-        elif GQP == 1:
-            lg2 = tl.sum(ka * qg[None, :, :], axis=2) * sk  # [BLOCK_N, NGP]
         else:
-            logit3 = tl.sum(_heads(ka, GQP) * qg[None, :, :, :], axis=2) * sk[:, :, None]
+            lg2 = tl.sum(ka * qg[None, :, :], axis=2) * sk  # [BLOCK_N, NGP]
         if R_BITS > 0:
             skr, okr = _meta_values(krm)
             ok += okr
             if K_IDP:
                 lg2 += _kdot_idp(krw, qr_hi, qr_lo, sq, R_BITS, INTERP) * skr
-            elif GQP == 1:
-                kr = _decode_words(krw, magic, R_BITS, G, NGP, BLOCK_N, FSPLIT)
-                lg2 += tl.sum(kr * qg[None, :, :], axis=2) * skr
             else:
-                kr = _decode_words(krw, magic, R_BITS, G, NGP, BLOCK_N, FSPLIT)
-                logit3 += tl.sum(_heads(kr, GQP) * qg[None, :, :, :], axis=2) * skr[:, :, None]
-        if GQP == 1:
-            logit = tl.sum(lg2 + ok * qsum[None, :], axis=1)  # one reduction over groups
-            qk = tl.where(n_mask, logit * qk_scale, float("-inf"))
-        else:
-            logit = tl.sum(logit3 + ok[:, :, None] * qsum[None, :, :], axis=1)  # [BLOCK_N, GQP]
-            qk = tl.where(n_mask[:, None], logit * qk_scale, float("-inf"))
+                kr = _decode_words(krw, magic, R_BITS, G, NGP, BLOCK_N)
+                lg2 += tl.sum(kr * qg[None, :, :], axis=2) * skr
+        logit = tl.sum(lg2 + ok * qsum[None, :], axis=1)  # one reduction over groups
+        qk = tl.where(n_mask, logit * qk_scale, float("-inf"))
         # ---- per-row online softmax (no cross-thread reduction)
         m_new = tl.maximum(m_r, qk)
         resc = tl.exp2(m_r - m_new)
         p = tl.exp2(qk - m_new)
         l_r = l_r * resc + p
         m_r = m_new
-        # ---- V: acc[n, g, e(, h)] += p c s_a code_a + p s_r code_r; offsets per group
-        va = _decode_words(vaw, magic, A_BITS, G, NGP, BLOCK_N, FSPLIT)
+        # ---- V: acc[n, g, e] += p c s_a code_a + p s_r code_r; offsets per group
+        va = _decode_words(vaw, magic, A_BITS, G, NGP, BLOCK_N)
         sv, ov = _meta_values(vam)
         if HAS_COEF:
             cv = cvw.to(tl.float32)
             sv = sv * cv[:, None]
             ov = ov * cv[:, None]
         if R_BITS > 0:
-            vr = _decode_words(vrw, magic, R_BITS, G, NGP, BLOCK_N, FSPLIT)
+            vr = _decode_words(vrw, magic, R_BITS, G, NGP, BLOCK_N)
             svr, ovr = _meta_values(vrm)
             ov += ovr
-        if GQP == 1:
-            acc = acc * resc[:, None, None] + (p[:, None] * sv)[:, :, None] * va
-            if R_BITS > 0:
-                acc += (p[:, None] * svr)[:, :, None] * vr
-            acc_m = acc_m * resc[:, None] + p[:, None] * ov
-        else:
-            acc = (acc * resc[:, None, None, :]
-                   + (p[:, None, :] * sv[:, :, None])[:, :, None, :] * _heads(va, GQP))
-            if R_BITS > 0:
-                acc += (p[:, None, :] * svr[:, :, None])[:, :, None, :] * _heads(vr, GQP)
-            acc_m = acc_m * resc[:, None, :] + p[:, None, :] * ov[:, :, None]
+        acc = acc * resc[:, None, None] + (p[:, None] * sv)[:, :, None] * va
+        if R_BITS > 0:
+            acc += (p[:, None] * svr)[:, :, None] * vr
+        acc_m = acc_m * resc[:, None] + p[:, None] * ov
 
-    # ---- merge the BLOCK_N row streams by log-sum-exp, store [GQP, DP] (rotated basis)
-    h = tl.arange(0, GQP)
-    row = ((b * num_qo_heads + hk * GQ + h) * num_splits + split).to(tl.int64)  # [GQP]
-    h_mask = h < GQ
-    if GQP == 1:
-        m_f = tl.max(m_r, axis=0)
-        w = tl.exp2(m_r - m_f)  # [BLOCK_N]
-        l_f = tl.sum(l_r * w, axis=0)
-        out = tl.sum((acc + acc_m[:, :, None]) * w[:, None, None], axis=0)  # [NGP, G]
-        out2 = tl.reshape(out, [1, DP])
-        tl.store(MidO + row[:, None] * DP + d[None, :], out2)
-        tl.store(MidML + row * 2, tl.full([1], 0.0, tl.float32) + m_f)
-        tl.store(MidML + row * 2 + 1, tl.full([1], 0.0, tl.float32) + l_f)
-    else:
-        m_f = tl.max(m_r, axis=0)  # [GQP]
-        w = tl.exp2(m_r - m_f[None, :])  # [BLOCK_N, GQP]
-        l_f = tl.sum(l_r * w, axis=0)
-        out = tl.sum((acc + acc_m[:, :, None, :]) * w[:, None, None, :], axis=0)  # [NGP, G, GQP]
-        out2 = tl.trans(tl.reshape(out, [DP, GQP]))  # [GQP, DP]
-        tl.store(MidO + row[:, None] * DP + d[None, :], out2, mask=h_mask[:, None])
-        tl.store(MidML + row * 2, m_f, mask=h_mask)
-        tl.store(MidML + row * 2 + 1, l_f, mask=h_mask)
+    # ---- merge the BLOCK_N row streams by log-sum-exp, store [1, DP] (rotated basis)
+    row = ((b * num_heads + hk) * num_splits + split).to(tl.int64)
+    m_f = tl.max(m_r, axis=0)
+    w = tl.exp2(m_r - m_f)  # [BLOCK_N]
+    l_f = tl.sum(l_r * w, axis=0)
+    out = tl.sum((acc + acc_m[:, :, None]) * w[:, None, None], axis=0)  # [NGP, G]
+    out2 = tl.reshape(out, [1, DP])
+    tl.store(MidO + row * DP + d[None, :], out2)
+    tl.store(MidML + row * 2 + tl.arange(0, 1), tl.full([1], 0.0, tl.float32) + m_f)
+    tl.store(MidML + row * 2 + 1 + tl.arange(0, 1), tl.full([1], 0.0, tl.float32) + l_f)

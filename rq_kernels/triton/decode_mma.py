@@ -1,4 +1,4 @@
-"""Decode attention over the compressed cache (``@triton.jit`` only).
+"""Decode attention over the compressed cache on tensor cores, GQA (``@triton.jit`` only).
 
 Split kernel: one program = (request, KV head, split of the history). It rotates the query
 (``q' = q R``), builds a block-diagonal query ``Qbd [DP, R]`` (column ``g*GQV + h`` holds head
@@ -34,7 +34,7 @@ def _fp16(x):
 
 
 @triton.jit
-def rq_decode_split_kernel(
+def rq_decode_mma_split_kernel(
     Q, s_qb, s_qh,  # [B, Hq, D] bf16
     KvIndptr, KvIndices,  # [B+1] int32, [nnz] int64
     Ac, s_ac_r, s_ac_kv, s_ac_h: tl.constexpr,  # anchor codes [rows, 2, Hkv, DA] uint8

@@ -1,0 +1,139 @@
+"""Decode attention per layer-loop: both split kernels vs BF16 SDPA, side by side in one run.
+
+``python benchmarks/bench_decode.py --out DIR [--deadline S] [--dry-run]``
+
+`rq_kernels.decode_attention` with each split kernel that can serve the shape
+(`DecodeLaunch(split_kernel=...)`: ``fma`` for MHA, ``mma`` for every shape) against PyTorch
+SDPA (FlashAttention) over contiguous BF16 K/V of ``ctx + 1`` tokens. Timing: CUDA-graph replay
+under `triton.testing.do_bench` (L2 flushed before each rep, median). RQ time per layer-loop =
+(3 x residual loop + 1 x anchor loop) / 4 for 4 loops; TB/s counts compressed bytes
+(`sglang_rq.layout.decode_read_bytes_per_token` of one layer / loops x history tokens). Each
+family is first checked against the fp32 twin (flash-attn rule). Writes ``DIR/bench_decode.json``
+after every point; stops starting new points after ``--deadline`` seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+if "--dry-run" in sys.argv:  # CPU smoke test: Triton interpreter, tiny sizes
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import (  # noqa: E402
+    DEV, FAMILIES, bench, bench_args, copy_bandwidth, pool, sdpa_time, write_json,
+)
+from rq_kernels import decode_attention  # noqa: E402
+from rq_kernels.decode import DecodeLaunch, fma_unsupported_reason  # noqa: E402
+from rq_kernels.testing import attention_errors, within_policy  # noqa: E402
+from sglang_rq.config import RQConfig  # noqa: E402
+from sglang_rq.layout import ModelKVShape, decode_read_bytes_per_token  # noqa: E402
+from sglang_rq.reference import decode_attention_reference, dequantize_rows_reference  # noqa: E402
+
+T0 = time.time()
+POINTS = [(1, 8192), (4, 8192), (2, 16384), (16, 16384), (4, 32768), (64, 8192)]
+
+
+def inputs(view, hq, hkv, dim, b, ctx, seed=0):
+    """Queries, the in-flight token and a plan: request b's history on consecutive rows."""
+    rows = view.codes[0].shape[0]
+    starts = torch.arange(b, device=DEV) * ctx + 1
+    idx = (starts[:, None] + torch.arange(ctx, device=DEV)[None, :]).reshape(-1) % (rows - 1) + 1
+    ind = torch.arange(b + 1, device=DEV, dtype=torch.int32) * ctx
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    q = torch.randn(b, hq, dim, device=DEV, generator=gen).to(torch.bfloat16)
+    kc = torch.randn(b, hkv, dim, device=DEV, generator=gen).to(torch.bfloat16)
+    vc = torch.randn(b, hkv, dim, device=DEV, generator=gen).to(torch.bfloat16)
+    return q, kc, vc, ind, idx.contiguous()
+
+
+def bytes_per_token_loop(cfg, hkv, dim, loops) -> float:
+    shape = ModelKVShape(num_layers=1, num_loops=loops, num_kv_heads=hkv, head_dim=dim)
+    return decode_read_bytes_per_token(shape, cfg) / loops
+
+
+def time_loops(launch, view, q, kc, vc, ind, idx, dim, loops) -> tuple[dict, float]:
+    out = torch.empty_like(q)
+    res = {}
+    for loop in (0, loops - 1):  # loops 0..L-2 cost the same (anchor + own residual)
+        res[loop] = bench(lambda: decode_attention(q, kc, vc, view, loop, ind, idx,  # noqa: B023
+                                                   sm_scale=dim ** -0.5, out=out, launch=launch))
+        assert torch.isfinite(out).all(), f"loop {loop}: non-finite output"
+    return res, ((loops - 1) * res[0] + res[loops - 1]) / loops
+
+
+def check(view, hq, hkv, dim, b, ctx, loops, kernels) -> list[dict]:
+    """Each split kernel vs the fp32 twin (flash-attn rule, bf16 SDPA yardstick)."""
+    q, kc, vc, ind, idx = inputs(view, hq, hkv, dim, b, ctx, seed=7)
+    rows = []
+    for loop in (0, loops - 1):
+        ref = decode_attention_reference(q.float(), kc, vc, view, loop, ind, idx,
+                                         sm_scale=dim ** -0.5)
+        ks, vs = [], []
+        for i in range(b):
+            k, v = dequantize_rows_reference(view, idx[ind[i]:ind[i + 1]], loop)
+            ks.append(torch.cat([k, kc[i:i + 1].float()]))
+            vs.append(torch.cat([v, vc[i:i + 1].float()]))
+        kk = torch.stack(ks).transpose(1, 2).to(torch.bfloat16)
+        vv = torch.stack(vs).transpose(1, 2).to(torch.bfloat16)
+        yard = torch.nn.functional.scaled_dot_product_attention(
+            q[:, :, None, :], kk, vv, scale=dim ** -0.5, enable_gqa=hq != hkv)[:, :, 0].float()
+        for kernel in kernels:
+            out = torch.full_like(q, float("nan"))
+            decode_attention(q, kc, vc, view, loop, ind, idx, sm_scale=dim ** -0.5, out=out,
+                             launch=DecodeLaunch(split_kernel=kernel))
+            e = attention_errors(out, ref, yard)
+            e.update(ok=bool(torch.isfinite(out).all()) and within_policy(e), kernel=kernel,
+                     loop=loop, batch=b, ctx=ctx)
+            rows.append(e)
+            print(f"  check {kernel} b={b} ctx={ctx} loop {loop}: ok={e['ok']} max={e['max']:.3g} "
+                  f"(sdpa {e['max_sdpa']:.3g})", flush=True)
+    return rows
+
+
+def main() -> None:
+    a = bench_args(lambda ap: ap.add_argument("--deadline", type=float, default=420.0))
+    cfg, loops = RQConfig(), 4
+    fams = {k: (*v, POINTS) for k, v in FAMILIES.items()}
+    if a.dry_run:
+        fams = {"tiny": (2, 2, 64, [(2, 40)]), "tiny-gqa": (4, 2, 64, [(1, 33)])}
+    res = dict(gpu=torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu",
+               triton=triton.__version__, date=time.strftime("%Y-%m-%d"),
+               copy_tbs=copy_bandwidth(), checks={}, points=[], skipped=[])
+    for fam, (hq, hkv, dim, points) in fams.items():
+        view = pool(cfg, hkv, dim, max(b * c for b, c in points) + 2, loops)
+        kernels = (["fma"] if fma_unsupported_reason(view, hq // hkv) is None else []) + ["mma"]
+        res["checks"][fam] = check(view, hq, hkv, dim, *points[0], loops, kernels)
+        for b, ctx in points:
+            if time.time() - T0 > a.deadline:
+                res["skipped"].append(f"{fam} b={b} ctx={ctx}")
+                continue
+            q, kc, vc, ind, idx = inputs(view, hq, hkv, dim, b, ctx)
+            by = bytes_per_token_loop(cfg, hkv, dim, loops) * ctx * b
+            qs = torch.randn(b, hq, 1, dim, device=DEV, dtype=torch.bfloat16)
+            ks = torch.randn(b, hkv, ctx + 1, dim, device=DEV, dtype=torch.bfloat16)
+            row = dict(family=fam, batch=b, ctx=ctx, sdpa_ms=sdpa_time(qs, ks, ks)[0])
+            for kernel in kernels:
+                t, avg = time_loops(DecodeLaunch(split_kernel=kernel), view, q, kc, vc, ind, idx,
+                                    dim, loops)
+                row[kernel] = dict(resid_ms=t[0], anchor_ms=t[loops - 1], avg_ms=avg,
+                                   tbs=by / avg / 1e9, vs_sdpa=row["sdpa_ms"] / avg)
+            res["points"].append(row)
+            print(f"{fam:12s} ctx={ctx:6d} b={b:3d} sdpa {row['sdpa_ms'] * 1e3:7.1f}us | " +
+                  " | ".join(f"{k} {row[k]['avg_ms'] * 1e3:7.1f}us {row[k]['tbs']:.2f}TB/s "
+                             f"x{row[k]['vs_sdpa']:.2f}" for k in kernels), flush=True)
+            write_json(res, a.out, "bench_decode.json")
+        del view
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+    res["elapsed_s"] = time.time() - T0
+    write_json(res, a.out, "bench_decode.json")
+
+
+if __name__ == "__main__":
+    main()
