@@ -12,7 +12,7 @@ caches), `REPS` measured bursts follow. After each:
   session: HTTP/tokenizer, scheduler, detokenizer) grows by at most `RSS_TOLERANCE_MIB` from the
   first measured burst to the last. Measured on the 2-core machine in three runs: +6.9 MiB
   (3664.8 -> 3671.7, +2 MiB per burst and flattening; a probe run), +0.0 (3670.1 flat) and
-  -12.6 MiB (3676.8 -> 3664.2), the scheduler being the only process that moved. The tolerance
+  -12.6 MiB (3676.8 -> 3664.2), one process of four being the only one that moved. The tolerance
   is ~5x the largest growth: 680 KiB per measured request, which a leak of one request's BF16
   K/V (32 KiB per token on this model, ~4 MiB per request) would exceed 6-fold.
 
