@@ -186,6 +186,17 @@ def load_meta(base, slot, s_row, n_mask, NG, NGP: tl.constexpr):
 
 
 @triton.jit
+def split_range(KvIndptr, b, split, num_splits, BLOCK_N: tl.constexpr):
+    """Request ``b``'s history start in ``kv_indices`` and this split's token range ``[lo, hi)``
+    (splits are whole tiles of ``BLOCK_N``; trailing splits may be empty)."""
+    start = tl.load(KvIndptr + b)
+    seq_len = tl.load(KvIndptr + b + 1) - start
+    per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    lo = split * per_split
+    return start, lo, tl.minimum(lo + per_split, seq_len)
+
+
+@triton.jit
 def rotate_rows(x, rot_base, s_term, s_row, TERMS: tl.constexpr, TRANSPOSE: tl.constexpr,
                 SPLIT_X: tl.constexpr, DP: tl.constexpr, INTERP: tl.constexpr):
     """``x [M, DP] @ R`` (or ``R^T``) with ``R = sum_t terms[t]``, terms bf16 ``[DP, DP]`` rows

@@ -40,7 +40,7 @@ One query head per KV head (MHA); GQA runs the tensor-core split kernel
 import triton
 import triton.language as tl
 
-from rq_kernels.triton.common import fp8_bits_to_f32, rotate_rows
+from rq_kernels.triton.common import fp8_bits_to_f32, rotate_rows, split_range
 
 
 @triton.jit
@@ -126,6 +126,18 @@ def _meta_values(x):
     """``[BLOCK_N, NGP, 2]`` FP8 bytes -> (scale, offset) ``[BLOCK_N, NGP]`` fp32."""
     s, o = tl.split(x)
     return fp8_bits_to_f32(s), fp8_bits_to_f32(o)
+
+
+@triton.jit
+def _anchor_meta(x, cw, HAS_COEF: tl.constexpr):
+    """The anchor's (scale, offset) of `_meta_values`, times the LSQ coefficient ``c`` of each
+    token (``cw`` ``[BLOCK_N]`` bf16) when the loop has one."""
+    s, o = _meta_values(x)
+    if HAS_COEF:
+        c = cw.to(tl.float32)
+        s = s * c[:, None]
+        o = o * c[:, None]
+    return s, o
 
 
 @triton.jit
@@ -257,11 +269,7 @@ def rq_decode_fma_split_kernel(
     hk = tl.program_id(0)
     b = tl.program_id(1)
     split = tl.program_id(2)
-    start = tl.load(KvIndptr + b)
-    seq_len = tl.load(KvIndptr + b + 1) - start
-    per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    lo = split * per_split
-    hi = tl.minimum(lo + per_split, seq_len)
+    start, lo, hi = split_range(KvIndptr, b, split, num_splits, BLOCK_N)
 
     # ---- rotated query q' [QROWS, DP] fp32 (tensor cores, exact products; row 0 is real)
     d = tl.arange(0, DP)
@@ -314,11 +322,7 @@ def rq_decode_fma_split_kernel(
         # ---- K: per-group dots X[n, g] = sum_e code * q'
         if not K_IDP:
             ka = _decode_words(kaw, magic, A_BITS, G, NGP, BLOCK_N)
-        sk, ok = _meta_values(kam)
-        if HAS_COEF:
-            ck = ckw.to(tl.float32)
-            sk = sk * ck[:, None]
-            ok = ok * ck[:, None]
+        sk, ok = _anchor_meta(kam, ckw, HAS_COEF)
         if K_IDP:
             lg2 = _kdot_idp(kaw, qa_hi, qa_lo, sq, A_BITS, INTERP) * sk
         else:
@@ -341,11 +345,7 @@ def rq_decode_fma_split_kernel(
         m_r = m_new
         # ---- V: acc[n, g, e] += p c s_a code_a + p s_r code_r; offsets per group
         va = _decode_words(vaw, magic, A_BITS, G, NGP, BLOCK_N)
-        sv, ov = _meta_values(vam)
-        if HAS_COEF:
-            cv = cvw.to(tl.float32)
-            sv = sv * cv[:, None]
-            ov = ov * cv[:, None]
+        sv, ov = _anchor_meta(vam, cvw, HAS_COEF)
         if R_BITS > 0:
             vr = _decode_words(vrw, magic, R_BITS, G, NGP, BLOCK_N)
             svr, ovr = _meta_values(vrm)

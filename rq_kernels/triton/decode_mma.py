@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from rq_kernels.triton.common import (
-    codes_to_f16, load_meta_raw, load_rows, mma, rotate_rows, split_meta, to_bf16,
+    codes_to_f16, load_meta_raw, load_rows, mma, rotate_rows, split_meta, split_range, to_bf16,
 )
 
 
@@ -57,11 +57,7 @@ def rq_decode_mma_split_kernel(
     hk = tl.program_id(0)  # heads fastest: the Hkv programs of a (request, split) run together
     b = tl.program_id(1)  # and share the sectors / DRAM rows of their token rows
     split = tl.program_id(2)
-    start = tl.load(KvIndptr + b)
-    seq_len = tl.load(KvIndptr + b + 1) - start
-    per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    lo = split * per_split
-    hi = tl.minimum(lo + per_split, seq_len)
+    start, lo, hi = split_range(KvIndptr, b, split, num_splits, BLOCK_N)
 
     # ---- rotated query, as [DP, R] block-diagonal bf16 and per-group sums [NGP, GQV]
     d = tl.arange(0, DP)
