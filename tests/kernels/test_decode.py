@@ -125,40 +125,33 @@ def test_decode_real_size(name, cfg, loops, hkv, group, dim, lens, rot, loop_ids
     _run(cfg, loops, hkv, group, dim, lens, rot, loop_ids, device, seed=21)
 
 
-@pytest.mark.gpu
-def test_decode_cuda_graph_mma(device):
-    """The tensor-core split kernel (GQA 2) under capture and replay."""
-    view, ind, idx, _ = build(RQConfig(), loops=4, num_kv_heads=2, group=2, dim=128,
-                              lens=[300, 1000], rot="cfg", device=device, seed=32)
-    q, kc, vc = queries(2, 4, 2, 128, device=device, seed=32)
+def _graph_replay_matches_reference(device, *, hkv, group, loop, seed):
+    """Capture once (after a warm-up call that compiles and fills the rotation cache), replay
+    after changing the queries in place, compare with the twin on the new queries."""
+    view, ind, idx, _ = build(RQConfig(), loops=4, num_kv_heads=hkv, group=group, dim=128,
+                              lens=[300, 1000], rot="cfg", device=device, seed=seed)
+    q, kc, vc = queries(2, hkv * group, hkv, 128, device=device, seed=seed)
     out = torch.empty_like(q)
     kw = dict(sm_scale=128 ** -0.5, out=out, launch=DecodeLaunch(num_splits=4))
-    decode_attention(q, kc, vc, view, 3, ind, idx, **kw)
+    decode_attention(q, kc, vc, view, loop, ind, idx, **kw)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        decode_attention(q, kc, vc, view, 3, ind, idx, **kw)
+        decode_attention(q, kc, vc, view, loop, ind, idx, **kw)
     q.copy_(torch.randn_like(q))
     graph.replay()
     torch.cuda.synchronize()
-    ref = decode_attention_reference(q.float(), kc, vc, view, 3, ind, idx, sm_scale=kw["sm_scale"])
+    ref = decode_attention_reference(q.float(), kc, vc, view, loop, ind, idx,
+                                     sm_scale=kw["sm_scale"])
     assert (out.float() - ref).abs().max().item() < 0.05 * ref.abs().max().item()
+
+
+@pytest.mark.gpu
+def test_decode_cuda_graph_mma(device):
+    """The tensor-core split kernel (GQA 2) under capture and replay."""
+    _graph_replay_matches_reference(device, hkv=2, group=2, loop=3, seed=32)
 
 
 @pytest.mark.gpu
 def test_decode_cuda_graph(device):
-    """Capture once (after a warm-up call), replay after changing the inputs in place."""
-    cfg = RQConfig()
-    view, ind, idx, _ = build(cfg, loops=4, num_kv_heads=4, group=1, dim=128,
-                              lens=[300, 1000], rot="cfg", device=device, seed=31)
-    q, kc, vc = queries(2, 4, 4, 128, device=device, seed=31)
-    out = torch.empty_like(q)
-    kw = dict(sm_scale=128 ** -0.5, out=out, launch=DecodeLaunch(num_splits=4))
-    decode_attention(q, kc, vc, view, 0, ind, idx, **kw)  # warm-up (compile, rotation cache)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        decode_attention(q, kc, vc, view, 0, ind, idx, **kw)
-    q.copy_(torch.randn_like(q))
-    graph.replay()
-    torch.cuda.synchronize()
-    ref = decode_attention_reference(q.float(), kc, vc, view, 0, ind, idx, sm_scale=kw["sm_scale"])
-    assert (out.float() - ref).abs().max().item() < 0.05 * ref.abs().max().item()
+    """The CUDA-core split kernel (MHA) under capture and replay."""
+    _graph_replay_matches_reference(device, hkv=4, group=1, loop=0, seed=31)
