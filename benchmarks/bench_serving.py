@@ -176,6 +176,8 @@ def run_arm(arm: str, suite: str, args: argparse.Namespace, model: Path, tmp: Pa
         n = OFFERED[suite] if args.offered is None else args.offered
         if n > 0:
             scenarios["capacity"] = (*CAPACITY_LEN, n, n)
+        if args.scenarios:
+            scenarios = {k: v for k, v in scenarios.items() if k in args.scenarios.split(",")}
         for name, (il, ol, n, c) in scenarios.items():
             if name != "capacity" and (il + ol) * min(n, c) > cap:
                 result[name] = {"skipped": f"{min(n, c)} x {il + ol} tokens > pool {cap}"}
@@ -217,6 +219,9 @@ def main() -> None:
     ap.add_argument("--offered", type=int, default=None,
                     help="requests offered at once in the capacity scenario (default: card 64, "
                          "budget 24; the same on both arms; 0 skips it)")
+    ap.add_argument("--scenarios", default="",
+                    help="comma-separated subset of the suite's scenarios to run (step, "
+                         "fixed-16k-b2, fixed-8k-b4, capacity; default: all)")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU check of the script: the embedded model, tiny lengths")
     args = ap.parse_args()
