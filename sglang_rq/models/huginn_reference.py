@@ -127,8 +127,13 @@ class HuginnAttention(nn.Module):
                 v = torch.cat([cache[slot][1], v], dim=2)
             cache[slot] = (k, v)
         past = k.shape[2] - t
-        mask = torch.ones(t, k.shape[2], dtype=torch.bool, device=x.device).tril(diagonal=past)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        if past == 0:
+            # plain causal attention (no cached prefix): the same mask, but lets SDPA pick its
+            # flash / memory-efficient kernels (training and full-recompute evaluation)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            mask = torch.ones(t, k.shape[2], dtype=torch.bool, device=x.device).tril(diagonal=past)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.proj(o.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -188,24 +193,131 @@ class HuginnReferenceModel(nn.Module):
         positions start at the cached length. ``num_recurrences`` defaults to
         ``config.mean_recurrence``; KV slots follow `HuginnConfig.kv_slot`'s layout for that R.
         """
-        c, tr = self.config, self.transformer
-        r_total = c.mean_recurrence if num_recurrences is None else int(num_recurrences)
-        p, n_core = c.n_layers_in_prelude, c.n_layers_in_recurrent_block
+        r_total = self.config.mean_recurrence if num_recurrences is None else int(num_recurrences)
         past = next(iter(cache.values()))[0].shape[2] if cache else 0
+        table, e = self._prelude(input_ids, past, cache)
+        s = torch.zeros_like(e)
+        for r in range(r_total):
+            s = self._recurrence(s, e, table, cache, r)
+        return self._coda_head(s, table, cache, r_total)
+
+    # The three stages of `forward`, shared with `forward_train` so both run the same maths.
+    def _prelude(self, input_ids: torch.Tensor, past: int, cache: KVCache | None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE table of the positions ``past ..`` and the embedded input ``e`` after the prelude."""
+        c, tr = self.config, self.transformer
         positions = torch.arange(past, past + input_ids.shape[1], device=input_ids.device)
         table = rope_table(positions, c.head_dim, c.rope_base)
         e = tr.wte(input_ids) * c.embed_scale
         for i, block in enumerate(tr.prelude):
             e = block(e, table, cache, i)
-        s = torch.zeros_like(e)
-        for r in range(r_total):
-            s = tr.adapter(torch.cat([s, e], dim=-1))
-            for b, block in enumerate(tr.core_block):
-                s = block(s, table, cache, p + r * n_core + b)
+        return table, e
+
+    def _recurrence(self, s: torch.Tensor, e: torch.Tensor, table: torch.Tensor,
+                    cache: KVCache | None, r: int) -> torch.Tensor:
+        """Recurrence ``r``: the adapter over ``[s, e]`` then the core blocks."""
+        c, tr = self.config, self.transformer
+        s = tr.adapter(torch.cat([s, e], dim=-1))
+        for b, block in enumerate(tr.core_block):
+            s = block(s, table, cache, c.n_layers_in_prelude + r * c.n_layers_in_recurrent_block + b)
+        return s
+
+    def _coda_head(self, s: torch.Tensor, table: torch.Tensor, cache: KVCache | None,
+                   r_total: int) -> torch.Tensor:
+        """``ln_f``, the coda blocks, ``ln_f`` again and the (tied) head -> fp32 logits."""
+        c, tr = self.config, self.transformer
         x = tr.ln_f(s)
         for i, block in enumerate(tr.coda):
-            x = block(x, table, cache, p + r_total * n_core + i)
+            x = block(x, table, cache, c.n_layers_in_prelude + r_total * c.n_layers_in_recurrent_block + i)
         return self.lm_head(tr.ln_f(x)).float()
+
+    # ----------------------------------------------------------------------------- training
+    def forward_train(self, input_ids: torch.Tensor, num_recurrences: int | None = None,
+                      backprop_depth: int | None = None, *, return_states: bool = False):
+        """Training forward with truncated backpropagation through the recurrence (upstream's
+        scheme, arXiv 2502.05171 section 3): the first ``R - k`` recurrences run under
+        ``no_grad``, only the last ``k = min(backprop_depth, R)`` build a graph. The prelude
+        still gets gradients, through the adapter's input ``e`` in those last ``k`` recurrences.
+
+        Same maths as `forward` without a cache (zeros initial state, like serving), so the
+        logits equal ``forward(input_ids, num_recurrences=R)``. ``backprop_depth=None`` means
+        full backpropagation. Returns fp32 logits ``[B, T, V]``, and with ``return_states`` also
+        the list of the ``R`` states after each recurrence (``requires_grad`` only on the last
+        ``k``)."""
+        r_total = self.config.mean_recurrence if num_recurrences is None else int(num_recurrences)
+        k = r_total if backprop_depth is None else max(0, min(int(backprop_depth), r_total))
+        table, e = self._prelude(input_ids, 0, None)
+        s = torch.zeros_like(e)
+        states = []
+        with torch.no_grad():
+            for r in range(r_total - k):
+                s = self._recurrence(s, e, table, None, r)
+                states.append(s)
+        for r in range(r_total - k, r_total):
+            s = self._recurrence(s, e, table, None, r)
+            states.append(s)
+        logits = self._coda_head(s, table, None, r_total)
+        return (logits, states) if return_states else logits
+
+    @torch.no_grad()
+    def init_weights(self, seed: int = 0) -> None:
+        """Upstream-style initialisation (the ``init_values`` `config_json` writes, "takase"
+        scheme): every linear and the embedding ``N(0, std)`` truncated at 3 std with ``std =
+        sqrt(2 / (5 H))``; the residual-branch outputs (``attn.proj``, ``mlp.proj``) with ``std /
+        sqrt(2 * depth)``, ``depth = P + C * R + K``; norms 1, ``qk_bias`` and biases 0."""
+        c = self.config
+        g = torch.Generator().manual_seed(seed)
+        std = math.sqrt(2 / (5 * c.n_embd))
+        out_std = std / math.sqrt(2 * c.num_kv_slots)
+        for name, p in self.named_parameters():
+            if "norm" in name or name.startswith("transformer.ln_f"):
+                p.fill_(1.0)
+                continue
+            if name.endswith("qk_bias") or name.endswith(".bias"):
+                p.zero_()
+                continue
+            sd = out_std if name.endswith("proj.weight") else std
+            t = torch.randn(p.shape, generator=g).clamp_(-3, 3) * sd
+            p.copy_(t)
+
+    def save_pretrained(self, path: str | os.PathLike, *, dtype: torch.dtype = torch.bfloat16,
+                        max_shard_bytes: int = 3_000_000, keep_freqs_cis: bool = False
+                        ) -> list[str]:
+        """Save in the upstream layout `write_random_checkpoint` writes: ``config.json``
+        (`config_json`), safetensors shards ``model-0000i-of-0000n.safetensors`` with upstream
+        names (tied ``lm_head`` omitted), ``model.safetensors.index.json``. ``keep_freqs_cis``
+        also stores upstream's fp32 RoPE buffer (both loaders ignore it). Returns the shard
+        file names; ``generation_config.json`` is the caller's."""
+        from safetensors.torch import save_file
+
+        c = self.config
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        own = self.state_dict()
+        sd = {k: own[k].detach().to("cpu", dtype).contiguous() for k in upstream_param_names(c)}
+        if keep_freqs_cis:
+            table = rope_table(torch.arange(c.block_size), c.head_dim, c.rope_base)
+            sd["freqs_cis"] = table[None, :, None].contiguous()
+        shards: list[list[str]] = [[]]
+        size = 0
+        for k, v in sd.items():
+            nbytes = v.numel() * v.element_size()
+            if shards[-1] and size + nbytes > max_shard_bytes:
+                shards.append([])
+                size = 0
+            shards[-1].append(k)
+            size += nbytes
+        files, weight_map = [], {}
+        for i, part in enumerate(shards):
+            fn = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file({k: sd[k] for k in part}, str(path / fn), metadata={"format": "pt"})
+            weight_map.update({k: fn for k in part})
+            files.append(fn)
+        total = sum(v.numel() * v.element_size() for v in sd.values())
+        (path / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+        (path / "config.json").write_text(json.dumps(config_json(c, dtype), indent=2) + "\n")
+        return files
 
     @torch.no_grad()
     def greedy_generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
