@@ -1,7 +1,7 @@
 """The ``sglang-rq`` command: ``serve`` (SGLang server + plugin), ``kv-size`` (byte accounting),
 ``eval`` (quality of KV formats through the server, `sglang_rq.quality.harness`), ``bundle``
-(offline bundle for a CUDA host, `sglang_rq.bundle`) and ``doctor`` (can this host serve?,
-`sglang_rq.doctor`)."""
+(offline bundle for a CUDA host, `sglang_rq.bundle`), ``doctor`` (can this host serve?,
+`sglang_rq.doctor`) and ``score`` (log-probabilities with decode's numerics, `sglang_rq.scoring`)."""
 
 from __future__ import annotations
 
@@ -116,10 +116,16 @@ def _doctor(argv: list[str]) -> int:
     return run_doctor(argv)
 
 
+def _score(argv: list[str]) -> int:
+    from sglang_rq.scoring import main as run_score
+
+    return run_score(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"serve": None, "kv-size": kv_size, "eval": _eval, "calibrate": _calibrate,
-                "tasks": _tasks, "bundle": _bundle, "doctor": _doctor}
+                "tasks": _tasks, "bundle": _bundle, "doctor": _doctor, "score": _score}
     if not argv or argv[0] not in commands:
         print(f"usage: sglang-rq {{{','.join(commands)}}} [options]  (sglang-rq COMMAND --help)",
               file=sys.stderr)
