@@ -21,7 +21,6 @@ import torch
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
 from sglang_rq import clipping, metrics
-from sglang_rq.layout import loop_and_layer
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -45,7 +44,7 @@ class RQNativeAttnBackend(TorchNativeAttnBackend):
         metrics.count_committed(num_tokens)
         clipping.flush_for(self.token_to_kv_pool)
         if num_tokens:
-            self.token_to_kv_pool.kernel_paths.count_forward(
+            self.token_to_kv_pool.count_forward(
                 decode=forward_batch.forward_mode.is_decode_or_idle())
 
     def forward_extend(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch,
@@ -62,7 +61,8 @@ class RQNativeAttnBackend(TorchNativeAttnBackend):
             head_dim]``), model dtype: this forward's own K/V, original basis.
         layer:
             The calling `RadixAttention`; its ``layer_id`` is the KV slot
-            ``layout.kv_slot(loop_id, layer_id)``, its ``scaling`` the softmax scale.
+            (`layout.ModelKVShape.slot_places`, the pool's ``targets``), its ``scaling`` the
+            softmax scale.
         forward_batch:
             SGLang's batch: ``out_cache_loc`` ``[num_tokens]`` (destination slots),
             ``req_pool_indices``, ``extend_prefix_lens_cpu`` (history tokens per request).
@@ -111,37 +111,35 @@ class RQNativeAttnBackend(TorchNativeAttnBackend):
         """Shared body: save, then the pool's decode or extend path over this layer's view
         (history rows from ``req_to_token``, ``prefix_lens``/``extend_lens`` host lists)."""
         pool: RQTokenToKVPool = self.token_to_kv_pool
-        loop, phys = loop_and_layer(layer.layer_id, pool.rq_shape.num_layers)
+        target = pool.targets[layer.layer_id]
         hq, hkv, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
         q3 = q.view(-1, hq, d)
         k3, v3 = k.view(-1, hkv, d), v.view(-1, hkv, d)
         if save_kv_cache:
-            pool.save(loop, phys, k3, v3, forward_batch.out_cache_loc)
+            pool.save(layer.layer_id, k3, v3, forward_batch.out_cache_loc)
         req_to_token = self.req_to_token_pool.req_to_token
         slots = [req_to_token[int(rp), :int(p)] for rp, p in
                  zip(forward_batch.req_pool_indices.tolist(), prefix_lens)]
         kv_indices = torch.cat(slots).to(torch.int64) if slots else torch.empty(0, dtype=torch.int64)
         kv_indptr = torch.tensor([0, *itertools.accumulate(int(p) for p in prefix_lens)],
                                  dtype=torch.int64)
-        grp, pos = divmod(loop, pool.group_len)
-        view = pool.group_views[phys][grp]
+        view, pos = target.view, target.pos
         if forward_batch.forward_mode.is_decode_or_idle():  # one query row per request
-            out = pool.kernel_paths.decode.fn(q3, k3, v3, view, pos, kv_indptr, kv_indices,
+            out = target.paths.decode.fn(q3, k3, v3, view, pos, kv_indptr, kv_indices,
                                               sm_scale=layer.scaling)
         else:
             qo_indptr = torch.tensor([0, *itertools.accumulate(int(e) for e in extend_lens)],
                                      dtype=torch.int64)
-            out = pool.kernel_paths.extend.fn(q3, k3, v3, view, pos, qo_indptr, kv_indptr,
+            out = target.paths.extend.fn(q3, k3, v3, view, pos, qo_indptr, kv_indptr,
                                               kv_indices, sm_scale=layer.scaling)
-        self._count_nonfinite_once(out, loop, phys)
+        self._count_nonfinite_once(out, layer.layer_id)
         return out.reshape(q.shape[0], hq * d)
 
-    def _count_nonfinite_once(self, out: torch.Tensor, loop: int, phys: int) -> None:
-        """Count non-finite rows of ``out`` at the last layer of the last loop, once per forward
+    def _count_nonfinite_once(self, out: torch.Tensor, slot: int) -> None:
+        """Count non-finite rows of ``out`` at the last KV slot (last layer, last loop), once per forward
         (NaN/Inf upstream has reached there). One reduction and host sync, so never inside a
         CUDA-graph capture (a replayed step is not checked)."""
-        shape = self.token_to_kv_pool.rq_shape
-        if phys != shape.num_layers - 1 or loop != shape.num_loops - 1:
+        if slot != self.token_to_kv_pool.layer_num - 1:
             return
         if out.is_cuda and torch.cuda.is_current_stream_capturing():
             return

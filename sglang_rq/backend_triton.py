@@ -32,7 +32,6 @@ import torch
 from sglang_rq import clipping, metrics
 from sglang_rq.backend_native import RQNativeAttnBackend
 from sglang_rq.kv_plan import kv_indices_capacity, plan_history
-from sglang_rq.layout import loop_and_layer
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -132,7 +131,7 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
         if not in_capture:
             metrics.count_committed(bs)
             clipping.flush_for(self.token_to_kv_pool)  # at most once a second
-            self.token_to_kv_pool.kernel_paths.count_forward(decode=True)
+            self.token_to_kv_pool.count_forward(decode=True)
 
     def init_forward_metadata_in_graph(self, forward_batch: ForwardBatch) -> None:
         """Graph-recorded part: the decode plan into the static buffers (`plan_history`)."""
@@ -148,20 +147,19 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
         read). Decode calls are recorded into CUDA graphs, so nothing here reads a device
         value on the host."""
         pool = self.token_to_kv_pool
-        loop, phys = loop_and_layer(layer.layer_id, pool.rq_shape.num_layers)
+        target = pool.targets[layer.layer_id]
         hq, hkv, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
         q3, k3, v3 = q.view(-1, hq, d), k.view(-1, hkv, d), v.view(-1, hkv, d)
         if save_kv_cache:
-            pool.save(loop, phys, k3, v3, forward_batch.out_cache_loc)
-        grp, pos = divmod(loop, pool.group_len)
-        view = pool.group_views[phys][grp]
+            pool.save(layer.layer_id, k3, v3, forward_batch.out_cache_loc)
+        view, pos = target.view, target.pos
         md = self.rq_metadata
         if forward_batch.forward_mode.is_decode_or_idle():
-            out = pool.kernel_paths.decode.fn(q3, k3, v3, view, pos, md.kv_indptr, md.kv_indices,
+            out = target.paths.decode.fn(q3, k3, v3, view, pos, md.kv_indptr, md.kv_indices,
                                               sm_scale=layer.scaling)
         else:
-            out = pool.kernel_paths.extend.fn(q3, k3, v3, view, pos, md.qo_indptr, md.kv_indptr,
+            out = target.paths.extend.fn(q3, k3, v3, view, pos, md.qo_indptr, md.kv_indptr,
                                               md.kv_indices, sm_scale=layer.scaling,
                                               max_qo_len=md.max_qo_len)
-        self._count_nonfinite_once(out, loop, phys)
+        self._count_nonfinite_once(out, layer.layer_id)
         return out.reshape(q.shape[0], hq * d)

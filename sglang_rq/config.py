@@ -21,6 +21,8 @@ SUPPORTED_BITS = (0, 1, 2, 4, 8, 16)
 SUPPORTED_GROUP_SIZES = (16, 32, 64)
 ANCHOR_CHOICES = ("last", "first", "chained")
 ROTATION_CHOICES = ("none", "hadamard", "signed-hadamard")
+#: Bit widths of un-looped layers (one stored vector per layer: BF16 or a quantized anchor).
+UNLOOPED_BITS = (2, 4, 8, 16)
 
 
 class RQConfigError(ValueError):
@@ -64,8 +66,13 @@ class RQConfig:
         Quantize the anchor in the rotated basis too (``--rq-rotate-anchor`` /
         ``--no-rq-rotate-anchor``, default on).
     loop_group_size:
-        Loops per anchor group (``--rq-loop-group-size``); ``None`` means one group holding
-        every loop. Huginn's 32 recurrences use 4 (8 anchors).
+        Loops per anchor group (``--rq-loop-group-size``); ``None`` means the model's default
+        (`layout.ModelKVShape.default_loop_group`): one group holding every loop for Ouro,
+        groups of 4 for Huginn's recurrences (8 anchors at R = 32).
+    unlooped_bits:
+        Bits of the un-looped layers of a model that has them (Huginn's prelude and coda, run
+        once per token; ``--rq-unlooped-bits``): 16 keeps them in BF16 (default), 2/4/8 stores
+        one quantized anchor per layer (no residuals).
     """
 
     enabled: bool = True
@@ -79,6 +86,7 @@ class RQConfig:
     rotation_seed: int = 0
     rotate_anchor: bool = True
     loop_group_size: int | None = None
+    unlooped_bits: int = 16
 
     def __post_init__(self) -> None:
         if self.anchor_bits not in SUPPORTED_BITS or self.anchor_bits == 0:
@@ -113,6 +121,9 @@ class RQConfig:
             )
         if self.loop_group_size is not None and self.loop_group_size < 1:
             raise RQConfigError(f"--rq-loop-group-size={self.loop_group_size} must be >= 1")
+        if self.unlooped_bits not in UNLOOPED_BITS:
+            raise RQConfigError(f"--rq-unlooped-bits={self.unlooped_bits} is not supported; choose "
+                                f"one of {', '.join(map(str, UNLOOPED_BITS))}")
 
     # ------------------------------------------------------------------ derived
     def bits_for_loops(self, num_loops: int) -> tuple[int, ...]:
@@ -208,6 +219,7 @@ class RQConfig:
             rotation_seed=args.rq_rotation_seed,
             rotate_anchor=args.rq_rotate_anchor,
             loop_group_size=args.rq_loop_group_size,
+            unlooped_bits=args.rq_unlooped_bits,
         )
 
     def describe(self) -> str:
@@ -222,6 +234,7 @@ class RQConfig:
             f"lsq={'on' if self.lsq else 'off'} rotation={self.rotation}"
             f"{'' if self.rotate_anchor else ' (residuals only)'}"
             f"{'' if self.loop_group_size is None else f' loop_group={self.loop_group_size}'}"
+            f"{'' if self.unlooped_bits == 16 else f' unlooped={self.unlooped_bits}'}"
         )
 
 
@@ -252,4 +265,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                    default=d.rotate_anchor,
                    help="Quantize the anchor in the rotated basis too. Default on.")
     g.add_argument("--rq-loop-group-size", type=int, default=None,
-                   help="Loops per anchor group (default: all loops share one anchor).")
+                   help="Loops per anchor group (default: the model's; Ouro: all loops share one "
+                        "anchor, Huginn: 4 recurrences per anchor).")
+    g.add_argument("--rq-unlooped-bits", type=int, default=d.unlooped_bits,
+                   help="Bits of un-looped layers (Huginn's prelude/coda): 16 = BF16, 2/4/8 = "
+                        "one quantized anchor. Default %(default)s.")

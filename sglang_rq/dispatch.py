@@ -109,26 +109,27 @@ class KernelPaths:
     def __iter__(self) -> Iterator[KernelPath]:
         return iter((self.commit, self.decode, self.extend))
 
-    def rows(self) -> list[tuple[str, str, str]]:
-        """``(path, impl, reason)`` per path, the labels of ``sglang_rq_kernel_path_info``."""
-        return [(p.path, p.impl, p.reason) for p in self]
-
-    def log(self) -> None:
-        """Log the decision once (start-up): one info line, and a warning per twin."""
+    def log(self, prefix: str = "") -> None:
+        """Log the decision once (start-up): one info line, and a warning per twin; ``prefix``
+        names the pool stack in path labels (``unlooped_`` for Huginn's prelude/coda)."""
         logger.info("sglang-rq kernel paths: %s", ", ".join(
-            f"{p.path}={p.impl}" + (f" ({p.reason})" if p.reason else "") for p in self))
+            f"{prefix}{p.path}={p.impl}" + (f" ({p.reason})" if p.reason else "") for p in self))
         for p in self:
             if p.is_twin:
-                logger.warning("sglang-rq %s: running the PyTorch twin (slow): %s", p.path,
-                               p.reason)
+                logger.warning("sglang-rq %s%s: running the PyTorch twin (slow): %s", prefix,
+                               p.path, p.reason)
 
-    def count_forward(self, *, decode: bool) -> None:
+    def rows(self, prefix: str = "") -> list[tuple[str, str, str]]:
+        """``(path, impl, reason)`` per path, the labels of ``sglang_rq_kernel_path_info``."""
+        return [(prefix + p.path, p.impl, p.reason) for p in self]
+
+    def count_forward(self, *, decode: bool, prefix: str = "") -> None:
         """Count one forward in ``sglang_rq_fallbacks_total{path}`` for each of its paths that
         a twin serves: commit, and decode (``decode``) or extend. Host only: call once per
         forward that carries tokens, eager and CUDA-graph replay alike."""
         for p in (self.commit, self.decode if decode else self.extend):
             if p.is_twin:
-                metrics.count_fallback(p.path)
+                metrics.count_fallback(prefix + p.path)
 
 
 def resolve(view: CompressedLayerView, *, device: torch.device | str,

@@ -13,12 +13,14 @@ unless set (a disconnected client is noticed within 1 s instead of 4 s).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
 
 from sglang_rq import env
 from sglang_rq.config import RQConfig, RQConfigError, add_cli_args
+from sglang_rq.layout import HUGINN_MODEL_TYPE
 from sglang_rq.models.embedded import EMBEDDED_MODEL
 CPU_SHIMS = Path(__file__).resolve().parent / "_cpu_shims"
 CPU_DEFAULTS = {"--max-total-tokens": "16384", "--max-running-requests": "32",
@@ -46,6 +48,10 @@ def add_serving_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rq-canary-interval-s", type=float, default=0.0,
                    help="Seconds between canary runs (default 30).")
     g.add_argument("--rq-no-canary", action="store_true", help="No /rq/ready canary thread.")
+    g.add_argument("--rq-recurrences", type=int, default=0,
+                   help="Recurrences of a Huginn (recurrent-depth) model's core for every request "
+                        "(default: the config's mean_recurrence). Sets SGLang's "
+                        "--json-model-override-args mean_recurrence.")
 
 
 def _has_flag(argv: list[str], flag: str) -> bool:
@@ -175,6 +181,8 @@ def prepare_environment(argv: list[str]) -> list[str]:
             var.set(value)
     if not _has_flag(rest, "--model-path") and not _has_flag(rest, "--model"):
         rest += ["--model-path", str(EMBEDDED_MODEL)]
+    if ours.rq_recurrences:
+        rest = with_recurrences(rest, ours.rq_recurrences)
     # NOTE: SGLang 0.5.23 notices a vanished HTTP client only when its per-request wait times
     # out (this variable, default 4 s), then drops a chunked prefill at the next chunk boundary;
     # 1 s cuts a disconnected prefill from 3-4 chunks to 1 (docs/robustness.md section 5).
@@ -208,13 +216,50 @@ def prepare_environment(argv: list[str]) -> list[str]:
     return rest
 
 
-def validate_against_model(cfg: RQConfig, model_path: str, *, tp_size: int = 1) -> None:
+def with_recurrences(argv: list[str], recurrences: int) -> list[str]:
+    """SGLang ``argv`` whose ``--json-model-override-args`` sets Huginn's ``mean_recurrence``
+    (the number of KV slots SGLang allocates follows it: `layout.ModelKVShape.num_slots`).
+
+    Raises
+    ------
+    sglang_rq.config.RQConfigError
+        For a count below 1, or a local model whose ``config.json`` is not a Huginn model.
+    """
+    if recurrences < 1:
+        raise RQConfigError(f"--rq-recurrences={recurrences} must be >= 1")
+    model = _flag_value(argv, "--model-path", "--model")
+    config = Path(model or "") / "config.json"
+    if config.is_file():
+        model_type = json.loads(config.read_text()).get("model_type")
+        if model_type != HUGINN_MODEL_TYPE:
+            raise RQConfigError(f"--rq-recurrences applies to Huginn recurrent-depth models "
+                                f"(model_type {HUGINN_MODEL_TYPE!r}); {model} is {model_type!r}")
+    raw = _flag_value(argv, "--json-model-override-args")
+    overrides = json.loads(raw) if raw else {}
+    overrides["mean_recurrence"] = recurrences
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == "--json-model-override-args":
+            skip = True
+            continue
+        if not a.startswith("--json-model-override-args="):
+            out.append(a)
+    return out + ["--json-model-override-args", json.dumps(overrides)]
+
+
+def validate_against_model(cfg: RQConfig, model_path: str, *, tp_size: int = 1,
+                           overrides: dict | None = None) -> None:
     """Check the KV format against the model's ``config.json`` before any weights load: loop
     bits vs loop count, group size vs head_dim, loop groups (`layout.loop_segments`), KV heads
     vs ``--tp-size`` (the pool shards heads across ranks) and a rotation file's presence,
     shape and orthogonality (`rotation.build_rotation`; a file holds every head, so it is
     refused with ``--tp-size`` > 1). A model that is not a local directory (a hub id) is
-    checked later, when the pool is built.
+    checked later, when the pool is built. ``overrides`` are SGLang's
+    ``--json-model-override-args`` (e.g. Huginn's ``mean_recurrence``), applied to the config
+    first.
 
     Raises
     ------
@@ -225,11 +270,15 @@ def validate_against_model(cfg: RQConfig, model_path: str, *, tp_size: int = 1) 
     if not cfg.enabled or not config.is_file():
         return
     from sglang_rq.config import ROTATION_CHOICES
-    from sglang_rq.layout import ModelKVShape, loop_segments
+    from sglang_rq.layout import ModelKVShape, kv_stacks
     from sglang_rq.rotation import build_rotation
 
-    shape = ModelKVShape.from_hf_config(config, tp_size=tp_size)
-    loop_segments(shape, cfg)
+    try:
+        hf = {**json.loads(config.read_text()), **(overrides or {})}
+    except json.JSONDecodeError as exc:
+        raise RQConfigError(f"{config}: cannot read a JSON config ({exc})") from exc
+    shape = ModelKVShape.from_hf_config(hf, tp_size=tp_size)
+    kv_stacks(shape, cfg)
     if cfg.rotation not in ROTATION_CHOICES and tp_size > 1:
         raise RQConfigError(f"--rq-rotation={cfg.rotation} with --tp-size {tp_size}: rotation "
                             "files are not sharded across ranks yet; use --rq-rotation hadamard")
@@ -262,7 +311,8 @@ def main(argv: list[str] | None = None) -> None:
         from sglang_rq.plugin import validate_server_args
 
         validate_server_args(server_args)  # before any weights load
-        validate_against_model(cfg, server_args.model_path, tp_size=server_args.tp_size)
+        validate_against_model(cfg, server_args.model_path, tp_size=server_args.tp_size,
+                               overrides=json.loads(server_args.json_model_override_args or "{}"))
     from sglang.srt.entrypoints.http_server import app
 
     from sglang_rq.canary import install

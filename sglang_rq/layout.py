@@ -22,13 +22,14 @@ per token 198 * 2 * 16 * 24 = 152,064 B versus 4 * 2 * 16 * 24 * 128 * 2 = 786,4
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sglang_rq.config import RQConfig, RQConfigError
+from sglang_rq.config import ROTATION_CHOICES, RQConfig, RQConfigError
 
 FP8_BYTES = 1
 BF16_BYTES = 2
@@ -38,30 +39,69 @@ BF16_BYTES = 2
 class ModelKVShape:
     """The KV shape of a (looped) model.
 
-    Attributes: ``num_layers`` physical layers, ``num_loops`` loops (1 for a plain model),
-    ``num_kv_heads`` KV heads (on this rank), ``head_dim`` elements per head.
+    Attributes: ``num_layers`` looped physical layers (Ouro: all of them; Huginn: the core
+    blocks), ``num_loops`` loops (recurrences) of that stack (1 for a plain model),
+    ``num_kv_heads`` KV heads (on this rank), ``head_dim`` elements per head,
+    ``prelude_layers`` / ``coda_layers`` un-looped layers run once per token before / after the
+    looped stack (Huginn's prelude and coda; 0 for Ouro), ``default_loop_group`` loops per
+    anchor group when ``--rq-loop-group-size`` is unset (None: one group of every loop).
+
+    SGLang's KV layers ("slots", one ``RadixAttention`` each) are laid out prelude first, then
+    the looped stack loop-major, then the coda (`slot_places`); ``num_slots`` counts them.
     """
 
     num_layers: int
     num_loops: int
     num_kv_heads: int
     head_dim: int
+    prelude_layers: int = 0
+    coda_layers: int = 0
+    default_loop_group: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_loops", "num_kv_heads", "head_dim"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ModelKVShape.{name} must be >= 1, got {getattr(self, name)}")
+        if self.prelude_layers < 0 or self.coda_layers < 0:
+            raise ValueError(f"ModelKVShape prelude/coda layers must be >= 0, got "
+                             f"{self.prelude_layers}/{self.coda_layers}")
+
+    @property
+    def unlooped_layers(self) -> int:
+        """Layers run once per token (prelude + coda)."""
+        return self.prelude_layers + self.coda_layers
+
+    @property
+    def num_slots(self) -> int:
+        """SGLang's KV layer count: ``prelude + num_layers * num_loops + coda``."""
+        return self.num_layers * self.num_loops + self.unlooped_layers
 
     @property
     def elements_per_token(self) -> int:
-        """K and V elements per token over all layers and loops."""
-        return 2 * self.num_layers * self.num_loops * self.num_kv_heads * self.head_dim
+        """K and V elements per token over all slots (layers x loops, and un-looped layers)."""
+        return 2 * self.num_slots * self.num_kv_heads * self.head_dim
+
+    @property
+    def looped(self) -> ModelKVShape:
+        """The looped stack alone (no prelude/coda)."""
+        return ModelKVShape(self.num_layers, self.num_loops, self.num_kv_heads, self.head_dim,
+                            default_loop_group=self.default_loop_group)
+
+    def slot_places(self) -> tuple[SlotPlace, ...]:
+        """Where every SGLang KV slot ``0..num_slots-1`` is stored, in slot order (`kv_slot`)."""
+        pre = [SlotPlace("unlooped", 0, p, p) for p in range(self.prelude_layers)]
+        core = [SlotPlace("looped", loop, layer, self.prelude_layers + layer)
+                for loop in range(self.num_loops) for layer in range(self.num_layers)]
+        coda = [SlotPlace("unlooped", 0, self.prelude_layers + c,
+                          self.prelude_layers + self.num_layers + c)
+                for c in range(self.coda_layers)]
+        return tuple(pre + core + coda)
 
     @classmethod
     def from_hf_config(cls, path_or_dict: str | Path | Mapping[str, Any], *,
                        tp_size: int = 1) -> ModelKVShape:
         """The shape from a Hugging Face ``config.json`` (Ouro, Llama-family, Nanbeige/LoopCoder
-        loops), with the KV heads of one of ``tp_size`` tensor-parallel ranks.
+        loops, Huginn ``huginn_raven``), with the KV heads of one of ``tp_size`` ranks.
 
         Parameters
         ----------
@@ -87,14 +127,9 @@ class ModelKVShape:
                 hf = json.loads(path.read_text())
             except (OSError, json.JSONDecodeError) as exc:
                 raise RQConfigError(f"{where}: cannot read a JSON config ({exc})") from exc
-        if hf.get("model_type") == "huginn_raven":
-            # NOTE: models/huginn.py refuses the pool too (RQ_POOL_REFUSAL); this says it before
-            # any weights load
-            raise RQConfigError(
-                f"{where}: Huginn (RavenForCausalLM) cannot use the ResidualQuant KV pool yet (its "
-                "un-looped prelude/coda beside a recurring core need per-layer loop counts and "
-                "loop groups); pass --rq-disable to serve it with SGLang's BF16 pool")
         try:
+            if hf.get("model_type") == HUGINN_MODEL_TYPE:
+                return _huginn_shape(hf.get, tp_size)
             heads = hf["num_attention_heads"]
             total_kv = hf.get("num_key_value_heads") or heads
             return cls(num_layers=hf["num_hidden_layers"], num_loops=_num_loops(hf.get),
@@ -116,10 +151,45 @@ class ModelKVShape:
         """
         hf = model_config.hf_config
         _heads_per_rank(model_config.get_total_num_kv_heads(), tp_size)
+        if getattr(hf, "model_type", None) == HUGINN_MODEL_TYPE:
+            return _huginn_shape(lambda key: getattr(hf, key, None), tp_size)
         return cls(num_layers=hf.num_hidden_layers,
                    num_loops=_num_loops(lambda key: getattr(hf, key, None)),
                    num_kv_heads=model_config.get_num_kv_heads(tp_size),
                    head_dim=model_config.head_dim)
+
+
+HUGINN_MODEL_TYPE = "huginn_raven"
+HUGINN_LOOP_GROUP = 4
+"""Recurrences per anchor group for Huginn by default (DESIGN.md section 2: 32 recurrences in 8
+groups of 4), so staging holds at most 3 earlier recurrences of a core layer."""
+
+
+def _huginn_shape(lookup: Callable[[str], Any], tp_size: int) -> ModelKVShape:
+    """Huginn (arXiv 2502.05171): prelude / core x ``mean_recurrence`` / coda, MHA."""
+    def need(key: str) -> Any:
+        if lookup(key) is None:
+            raise KeyError(key)
+        return lookup(key)
+
+    heads, r = int(need("n_heads")), int(need("mean_recurrence"))
+    return ModelKVShape(
+        num_layers=int(need("n_layers_in_recurrent_block")), num_loops=r,
+        num_kv_heads=_heads_per_rank(heads, tp_size), head_dim=int(need("n_embd")) // heads,
+        prelude_layers=int(need("n_layers_in_prelude")), coda_layers=int(need("n_layers_in_coda")),
+        default_loop_group=HUGINN_LOOP_GROUP if r % HUGINN_LOOP_GROUP == 0 else None)
+
+
+@dataclass(frozen=True)
+class SlotPlace:
+    """Where one SGLang KV slot is stored: ``stack`` (``looped`` or ``unlooped``), ``loop`` in
+    that stack (0 for un-looped), ``layer`` index in that stack, ``block`` the physical layer
+    (prelude, looped stack, coda in order; the ``layer`` label of per-layer metrics)."""
+
+    stack: str
+    loop: int
+    layer: int
+    block: int
 
 
 LOOP_COUNT_FIELDS = ("total_ut_steps", "num_loops", "loop_num")
@@ -231,16 +301,69 @@ def loop_segments(shape: ModelKVShape, cfg: RQConfig) -> tuple[LoopSegment, ...]
     return tuple(segs)
 
 
+@dataclass(frozen=True)
+class KVStack:
+    """A part of the model stored with one format: ``name`` ``looped`` (the looped layers, in
+    loop groups) or ``unlooped`` (prelude and coda: one loop, one anchor each), its ``shape``
+    (no prelude/coda of its own) and ``cfg`` (loop group size resolved)."""
+
+    name: str
+    shape: ModelKVShape
+    cfg: RQConfig
+
+    @property
+    def segments(self) -> tuple[LoopSegment, ...]:
+        """`loop_segments` of this stack."""
+        return loop_segments(self.shape, self.cfg)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Compressed bytes of this stack per token (all its layers, loops, heads, K and V)."""
+        per_head = sum(s.nbytes for s in self.segments)
+        return per_head * 2 * self.shape.num_kv_heads * self.shape.num_layers
+
+
+def kv_stacks(shape: ModelKVShape, cfg: RQConfig) -> tuple[KVStack, ...]:
+    """The stacks of ``shape`` under an enabled ``cfg``: the looped layers, then (if the model
+    has any) the un-looped prelude and coda layers.
+
+    The looped stack takes ``cfg`` with ``loop_group_size`` resolved (``None`` becomes
+    ``shape.default_loop_group``). The un-looped stack stores one loop of
+    ``cfg.unlooped_bits``: BF16 without rotation at 16 bits, else a quantized anchor with the
+    looped stack's group size and rotation kind (a rotation *file* covers the looped layers
+    only, so the un-looped layers take ``hadamard``).
+
+    Raises
+    ------
+    RQConfigError
+        From `loop_segments` (group size, loop bits, loop groups that do not fit the model).
+    """
+    group = cfg.loop_group_size or shape.default_loop_group
+    looped = KVStack("looped", shape.looped, dataclasses.replace(cfg, loop_group_size=group))
+    looped.segments  # noqa: B018 (validates the format against the model)
+    if not shape.unlooped_layers:
+        return (looped,)
+    ub = cfg.unlooped_bits
+    rotation = "none" if ub == 16 else (cfg.rotation if cfg.rotation in ROTATION_CHOICES
+                                        else "hadamard")
+    ucfg = dataclasses.replace(cfg, anchor_bits=ub, loop_bits=None, loop_group_size=None,
+                               anchor="last", rotation=rotation, rotate_anchor=True)
+    unlooped = KVStack("unlooped", ModelKVShape(shape.unlooped_layers, 1, shape.num_kv_heads,
+                                                shape.head_dim), ucfg)
+    unlooped.segments  # noqa: B018
+    return (looped, unlooped)
+
+
 def kv_bytes_per_token(shape: ModelKVShape, cfg: RQConfig) -> int:
-    """Bytes of KV cache per token for the whole model (all layers, loops, heads, K and V).
+    """Bytes of KV cache per token for the whole model (all slots, heads, K and V).
 
     This is SGLang's ``cell_size`` with the RQ pool; with ``cfg.enabled == False`` it is the
-    BF16 figure. Ouro-1.4B at the default format: 152,064.
+    BF16 figure. Ouro-1.4B at the default format: 152,064. Huginn-3.5B (R = 32, groups of 4,
+    BF16 prelude/coda): 528,000 + 84,480 = 612,480 (BF16: 2,787,840).
     """
     if not cfg.enabled:
         return bf16_bytes_per_token(shape)
-    per_head = sum(s.nbytes for s in loop_segments(shape, cfg))
-    return per_head * 2 * shape.num_kv_heads * shape.num_layers
+    return sum(st.bytes_per_token for st in kv_stacks(shape, cfg))
 
 
 def bf16_bytes_per_token(shape: ModelKVShape) -> int:
@@ -254,27 +377,31 @@ def effective_bits(shape: ModelKVShape, cfg: RQConfig) -> float:
 
 
 def staged_loops(shape: ModelKVShape, cfg: RQConfig) -> int:
-    """Loops held in BF16 staging until the last loop of their group commits them."""
+    """Loops of a looped layer held in BF16 staging until the last loop of their group commits
+    them (the un-looped layers commit at once)."""
     if not cfg.enabled:
         return 0
-    return cfg.group_len(shape.num_loops) - 1
+    return kv_stacks(shape, cfg)[0].cfg.group_len(shape.num_loops) - 1
 
 
 def staging_bytes(shape: ModelKVShape, cfg: RQConfig, *, staging_tokens: int,
                   dtype_bytes: int = BF16_BYTES) -> int:
     """Fixed bytes of the staging buffer for ``staging_tokens`` in-flight tokens per forward.
 
-    Layout ``[staged_loops, num_layers, staging_tokens, 2, num_kv_heads, head_dim]``.
+    Layout ``[staged_loops, num_layers, staging_tokens, 2, num_kv_heads, head_dim]`` (looped
+    layers only).
     """
     return (staged_loops(shape, cfg) * shape.num_layers * staging_tokens * 2
             * shape.num_kv_heads * shape.head_dim * dtype_bytes)
 
 
 def rotation_bytes(shape: ModelKVShape, cfg: RQConfig) -> int:
-    """Fixed bytes of the fp32 rotation matrices ``[num_layers, num_kv_heads, D, D]``."""
-    if not cfg.enabled or cfg.rotation == "none":
+    """Fixed bytes of the fp32 rotation matrices ``[layers, num_kv_heads, D, D]`` of every
+    stack that rotates."""
+    if not cfg.enabled:
         return 0
-    return shape.num_layers * shape.num_kv_heads * shape.head_dim * shape.head_dim * 4
+    return sum(st.shape.num_layers * st.shape.num_kv_heads * st.shape.head_dim ** 2 * 4
+               for st in kv_stacks(shape, cfg) if st.cfg.rotation != "none")
 
 
 def tokens_in_budget(shape: ModelKVShape, cfg: RQConfig, *, budget_bytes: int,
@@ -285,19 +412,22 @@ def tokens_in_budget(shape: ModelKVShape, cfg: RQConfig, *, budget_bytes: int,
 
 
 def decode_read_bytes_per_token(shape: ModelKVShape, cfg: RQConfig) -> int:
-    """Bytes one decode step reads per history token (all loops, layers, heads, K and V).
+    """Bytes one decode step reads per history token (all slots, heads, K and V).
 
     Loop i reads its own segment plus, transitively, its base's (414 B per token-head-K/V
     for the Ouro default versus 1024 in BF16).
     """
     if not cfg.enabled:
         return bf16_bytes_per_token(shape)
-    segs = loop_segments(shape, cfg)
     total = 0
-    for s in segs:
-        loop = s
-        total += loop.nbytes
-        while loop.base != loop.loop_id:
-            loop = segs[loop.base]
-            total += loop.nbytes
-    return total * 2 * shape.num_kv_heads * shape.num_layers
+    for st in kv_stacks(shape, cfg):
+        segs = st.segments
+        per_head = 0
+        for s in segs:
+            loop = s
+            per_head += loop.nbytes
+            while loop.base != loop.loop_id:
+                loop = segs[loop.base]
+                per_head += loop.nbytes
+        total += per_head * 2 * st.shape.num_kv_heads * st.shape.num_layers
+    return total

@@ -36,6 +36,7 @@ Families (``sglang_rq_`` prefix, base units in names, ``_total`` on counters):
                                                     serves it (``c``, ``triton``, ``triton_fma``,
                                                     ``twin``) and why (`sglang_rq.dispatch`)
 ``sglang_rq_fallbacks_total{path}``                 forwards a PyTorch twin served, per path
+                                                    (``unlooped_*``: Huginn's prelude/coda)
 ``sglang_rq_canary_*``                              readiness canary (see `sglang_rq.canary`),
                                                     ``canary_saturated`` 1 while it queues
 ``sglang_rq_clipped_groups_total{layer}``           K/V groups whose FP8 scale/offset saturated
@@ -59,7 +60,9 @@ if TYPE_CHECKING:
     from sglang_rq.layout import ModelKVShape
 
 PREFIX = "sglang_rq_"
-FALLBACK_PATHS = ("commit", "decode", "extend")  # the paths of `sglang_rq.dispatch`
+# the paths of `sglang_rq.dispatch`, for the looped layers and (prefixed) the un-looped ones
+FALLBACK_PATHS = tuple(stack + path for stack in ("", "unlooped_")
+                       for path in ("commit", "decode", "extend"))
 CANARY_RESULTS = ("pass", "wrong_answer", "error", "saturated")
 INFO_LABELS = ("enabled", "format", "loop_bits", "group_size", "anchor", "lsq", "rotation",
                "num_loops", "num_layers", "num_kv_heads", "head_dim", "page_size")
@@ -138,7 +141,8 @@ def publish_kv_format(*, cfg: RQConfig, shape: ModelKVShape, page_size: int, sta
 
     per_tok = layout.kv_bytes_per_token(shape, cfg)
     bf16 = layout.bf16_bytes_per_token(shape)
-    bits = cfg.bits_for_loops(shape.num_loops) if cfg.enabled else (16,) * shape.num_loops
+    bits = (layout.kv_stacks(shape, cfg)[0].cfg.bits_for_loops(shape.num_loops) if cfg.enabled
+            else (16,) * shape.num_loops)
     fams["info"].labels(
         enabled=str(cfg.enabled).lower(), format=cfg.describe(),
         loop_bits=",".join(map(str, bits)), group_size=str(cfg.group_size if cfg.enabled else 0),

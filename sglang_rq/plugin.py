@@ -134,7 +134,8 @@ def _cell_size_hook(original, self, kvc, num_layers):
     kvc:
         SGLang's KV-cache configurator: ``server_args`` and ``model_config``.
     num_layers:
-        KV layers SGLang counts (``num_layers * num_loops`` for a looped model).
+        KV layers SGLang counts (`layout.ModelKVShape.num_slots`: layers x loops, plus
+        un-looped layers).
 
     Returns
     -------
@@ -156,10 +157,11 @@ def _cell_size_hook(original, self, kvc, num_layers):
 
     validate_server_args(kvc.server_args)
     shape = model_kv_shape(kvc.model_config)
-    if shape.num_layers * shape.num_loops != num_layers:
+    if shape.num_slots != num_layers:
         raise RQConfigError(
             f"sglang-rq: SGLang counts {num_layers} KV layers but the model has "
-            f"{shape.num_layers} layers x {shape.num_loops} loops (pipeline parallelism is unsupported)")
+            f"{shape.num_layers} layers x {shape.num_loops} loops + {shape.unlooped_layers} "
+            "un-looped (pipeline parallelism is unsupported)")
     _Runtime.shape = shape
     _Runtime.staging_tokens = staging_tokens_for(kvc.server_args)
     _Runtime.kernels = kernel_request_for(kvc.server_args, kvc.model_config)

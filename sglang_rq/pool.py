@@ -12,7 +12,12 @@ loop, each viewed per physical layer, so one compressed row of a layer holds eve
   last loop reaches the layer,
 * ``rq_rotation``  ``[L, H, D, D]`` fp32 or None.
 
-The byte sizes come from `layout.loop_segments`; the allocation equals
+A model with un-looped layers (Huginn's prelude and coda, `layout.kv_stacks`) has a second
+stack of the same buffers (``L`` = prelude + coda layers, one loop, no staging); ``stacks``
+holds both and ``targets`` maps every SGLang layer id (slot, `layout.ModelKVShape.slot_places`)
+to its stack, loop group view and loop position. The attributes above are the looped stack's.
+
+The byte sizes come from `layout.kv_stacks`; the allocation equals
 ``layout.kv_bytes_per_token * rows`` (tested). Staging and rotation are fixed overhead charged
 in the pool configurator (see `plugin.py`), and a forward larger than ``staging_tokens`` is an
 error, never an overflow. What serves commit, decode and extend (kernels or PyTorch twins) is
@@ -33,11 +38,11 @@ from sglang_rq import dispatch, metrics
 from sglang_rq.clipping import ClipCounter
 from sglang_rq.config import RQConfig
 from sglang_rq.layout import (
+    KVStack,
     ModelKVShape,
     bf16_bytes_per_token,
     kv_bytes_per_token,
-    loop_segments,
-    staged_loops,
+    kv_stacks,
 )
 from sglang_rq.reference import dequantize_rows_reference
 from sglang_rq.rotation import build_rotation
@@ -45,16 +50,96 @@ from sglang_rq.rotation import build_rotation
 logger = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass
+class StackBuffers:
+    """The buffers of one `layout.KVStack` (module docstring), its loop-group views
+    ``group_views[layer][group]`` and the implementations serving it (`dispatch.resolve`)."""
+
+    stack: KVStack
+    codes: list[torch.Tensor]
+    meta: list[torch.Tensor | None]
+    coef: list[torch.Tensor | None]
+    staging: torch.Tensor
+    rotation: torch.Tensor | None
+    group_len: int
+    group_views: list[list[CompressedLayerView]] = dataclasses.field(default_factory=list)
+    kernel_paths: dispatch.KernelPaths | None = None
+
+    @classmethod
+    def allocate(cls, stack: KVStack, *, rows: int, staging_tokens: int, dtype: torch.dtype,
+                 device: torch.device | str) -> StackBuffers:
+        shape, cfg, segs = stack.shape, stack.cfg, stack.segments
+        n, h, d = shape.num_layers, shape.num_kv_heads, shape.head_dim
+        group_len = cfg.group_len(shape.num_loops)
+        rot = build_rotation(cfg, num_layers=n, num_kv_heads=h, head_dim=d)
+        bufs = cls(
+            stack=stack,
+            codes=[torch.zeros((n, rows, 2, h, s.code_bytes), dtype=torch.uint8, device=device)
+                   for s in segs],
+            meta=[torch.zeros((n, rows, 2, h, d // cfg.group_size, 2), dtype=torch.uint8,
+                              device=device) if s.meta_bytes else None for s in segs],
+            coef=[torch.zeros((n, rows, 2, h), dtype=torch.bfloat16, device=device)
+                  if s.coef_bytes else None for s in segs],
+            staging=torch.zeros((group_len - 1, n, staging_tokens, 2, h, d),
+                                dtype=dtype, device=device),
+            rotation=None if rot is None else rot.to(device), group_len=group_len)
+        bufs.group_views = [[bufs._group_view(layer, grp) for grp in range(shape.num_loops // group_len)]
+                            for layer in range(n)]
+        return bufs
+
+    def _group_view(self, layer: int, grp: int) -> CompressedLayerView:
+        """The view of ``layer`` restricted to loop group ``grp``, loop ids re-based to 0."""
+        start, n = grp * self.group_len, self.group_len
+        segs = tuple(dataclasses.replace(s, loop_id=s.loop_id - start, base=s.base - start)
+                     for s in self.stack.segments[start:start + n])
+
+        def pick(bufs):
+            return [None if b is None else b[layer] for b in bufs[start:start + n]]
+
+        return CompressedLayerView(
+            codes=pick(self.codes), meta=pick(self.meta), coef=pick(self.coef),
+            rotation=None if self.rotation is None else self.rotation[layer],
+            segments=segs, cfg=self.stack.cfg, head_dim=self.stack.shape.head_dim)
+
+    @property
+    def label_prefix(self) -> str:
+        """Prefix of this stack's path labels in logs and metrics ("" for the looped stack)."""
+        return "" if self.stack.name == "looped" else f"{self.stack.name}_"
+
+    def buffers(self) -> list[torch.Tensor]:
+        return [b for bufs in (self.codes, self.meta, self.coef) for b in bufs if b is not None]
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotTarget:
+    """What one SGLang layer id (slot) reads and writes: its stack's buffers, the ``layer``
+    in that stack, the loop group ``view``, the loop position ``pos`` in the group, the
+    physical ``block`` (metrics label) and the loop index ``loop`` in the stack."""
+
+    bufs: StackBuffers
+    layer: int
+    loop: int
+    pos: int
+    block: int
+    view: CompressedLayerView
+
+    @property
+    def paths(self) -> dispatch.KernelPaths:
+        """What serves commit, decode and extend for this slot."""
+        return self.bufs.kernel_paths
+
+
 class RQTokenToKVPool(MHATokenToKVPool):
     """Compressed KV pool for looped models (DESIGN.md sections 1 and 3).
 
-    Built by SGLang with the in-tree keyword arguments (``layer_num = num_layers * num_loops``);
-    the KV format is bound as class attributes by `bind_pool_class`.
+    Built by SGLang with the in-tree keyword arguments (``layer_num`` = the model's KV slots,
+    `layout.ModelKVShape.num_slots`); the KV format is bound as class attributes by
+    `bind_pool_class`.
 
     Note
     ----
     SGLang's dense accessors (``get_key_buffer``, ``set_kv_buffer``) raise: only the RQ
-    attention backends read and write this pool, through `save` and `dequantize`.
+    attention backends read and write this pool, through `save`, ``targets`` and `dequantize`.
     """
 
     rq_cfg: RQConfig
@@ -66,31 +151,33 @@ class RQTokenToKVPool(MHATokenToKVPool):
     # ------------------------------------------------------------------ allocation
     def _create_buffers(self) -> None:
         shape, cfg = self.rq_shape, self.rq_cfg
-        if self.layer_num != shape.num_layers * shape.num_loops:
+        if self.layer_num != shape.num_slots:
             raise RuntimeError(
-                f"RQ pool got layer_num={self.layer_num}, expected {shape.num_layers} layers x "
-                f"{shape.num_loops} loops (pipeline parallelism is not supported with ResidualQuant)")
+                f"RQ pool got layer_num={self.layer_num}, expected {shape.num_slots} KV slots "
+                f"({shape.num_layers} layers x {shape.num_loops} loops + {shape.unlooped_layers} "
+                "un-looped; pipeline parallelism is not supported with ResidualQuant)")
         self.use_hnd, self.kv_cache_layout = False, "nhd"
-        rows, n_layers = self.size + self.page_size, shape.num_layers
+        rows, dev = self.size + self.page_size, self.device
         h, d = shape.num_kv_heads, shape.head_dim
-        self.segments = loop_segments(shape, cfg)
-        dev = self.device
-        self.rq_codes = [torch.zeros((n_layers, rows, 2, h, s.code_bytes), dtype=torch.uint8, device=dev)
-                         for s in self.segments]
-        self.rq_meta = [torch.zeros((n_layers, rows, 2, h, d // cfg.group_size, 2), dtype=torch.uint8,
-                                    device=dev) if s.meta_bytes else None for s in self.segments]
-        self.rq_coef = [torch.zeros((n_layers, rows, 2, h), dtype=torch.bfloat16, device=dev)
-                        if s.coef_bytes else None for s in self.segments]
-        self.rq_staging = torch.zeros((staged_loops(shape, cfg), n_layers, self.rq_staging_tokens, 2, h, d),
-                                      dtype=self.dtype, device=dev)
-        rot = build_rotation(cfg, num_layers=n_layers, num_kv_heads=h, head_dim=d)
-        self.rq_rotation = None if rot is None else rot.to(dev)
-        self.group_len = cfg.group_len(shape.num_loops)
-        self.rq_clip = ClipCounter(num_layers=n_layers, num_loops=shape.num_loops, device=dev)
-        self.group_views = [[self._group_view(layer, grp) for grp in range(shape.num_loops // self.group_len)]
-                            for layer in range(n_layers)]
-        self.kernel_paths = dispatch.resolve(self.group_views[0][0], device=dev,
-                                             request=self.rq_kernels)
+        self.stacks = {st.name: StackBuffers.allocate(st, rows=rows, staging_tokens=self.rq_staging_tokens,
+                                                      dtype=self.dtype, device=dev)
+                       for st in kv_stacks(shape, cfg)}
+        for bufs in self.stacks.values():
+            bufs.kernel_paths = dispatch.resolve(bufs.group_views[0][0], device=dev,
+                                                 request=self.rq_kernels)
+        looped = self.stacks["looped"]
+        self.segments, self.group_len = looped.stack.segments, looped.group_len
+        self.rq_codes, self.rq_meta, self.rq_coef = looped.codes, looped.meta, looped.coef
+        self.rq_staging, self.rq_rotation = looped.staging, looped.rotation
+        self.group_views, self.kernel_paths = looped.group_views, looped.kernel_paths
+        self.targets = []
+        for place in shape.slot_places():
+            bufs = self.stacks[place.stack]
+            grp, pos = divmod(place.loop, bufs.group_len)
+            self.targets.append(SlotTarget(bufs=bufs, layer=place.layer, loop=place.loop, pos=pos,
+                                           block=place.block, view=bufs.group_views[place.layer][grp]))
+        self.rq_clip = ClipCounter(num_layers=shape.num_layers + shape.unlooped_layers,
+                                   num_loops=shape.num_loops, device=dev)
         # Tiny placeholders keep SGLang code that walks k_buffer/v_buffer pointer tables working.
         self.k_buffer = [torch.zeros((self.page_size, h, d), dtype=self.store_dtype, device=dev)
                          for _ in range(self.layer_num)]
@@ -99,23 +186,10 @@ class RQTokenToKVPool(MHATokenToKVPool):
         self._kv_buffer_descs = []
         self._init_data_ptrs_and_strides()
 
-    def _group_view(self, layer: int, grp: int) -> CompressedLayerView:
-        """The view of physical ``layer`` restricted to loop group ``grp``, loop ids re-based to 0."""
-        start, n = grp * self.group_len, self.group_len
-        segs = tuple(dataclasses.replace(s, loop_id=s.loop_id - start, base=s.base - start)
-                     for s in self.segments[start:start + n])
-
-        def pick(bufs):
-            return [None if b is None else b[layer] for b in bufs[start:start + n]]
-
-        return CompressedLayerView(
-            codes=pick(self.rq_codes), meta=pick(self.rq_meta), coef=pick(self.rq_coef),
-            rotation=None if self.rq_rotation is None else self.rq_rotation[layer],
-            segments=segs, cfg=self.rq_cfg, head_dim=self.rq_shape.head_dim)
-
     def rq_buffers(self) -> list[torch.Tensor]:
-        """Every compressed buffer (codes, meta, coef), for byte accounting and row moves."""
-        return [b for bufs in (self.rq_codes, self.rq_meta, self.rq_coef) for b in bufs if b is not None]
+        """Every compressed buffer (codes, meta, coef) of every stack, for byte accounting and
+        row moves."""
+        return [b for bufs in self.stacks.values() for b in bufs.buffers()]
 
     def compressed_nbytes(self) -> int:
         """Bytes of the compressed buffers (== kv_bytes_per_token * rows)."""
@@ -123,8 +197,9 @@ class RQTokenToKVPool(MHATokenToKVPool):
 
     def fixed_nbytes(self) -> int:
         """Bytes of staging and rotation (the declared fixed overhead)."""
-        rot = 0 if self.rq_rotation is None else self.rq_rotation.numel() * 4
-        return self.rq_staging.numel() * self.rq_staging.element_size() + rot
+        return sum(b.staging.numel() * b.staging.element_size()
+                   + (0 if b.rotation is None else b.rotation.numel() * 4)
+                   for b in self.stacks.values())
 
     def _finalize_allocation_log(self, num_tokens: int) -> None:
         per_tok = kv_bytes_per_token(self.rq_shape, self.rq_cfg)
@@ -139,21 +214,29 @@ class RQTokenToKVPool(MHATokenToKVPool):
             cfg=self.rq_cfg, shape=self.rq_shape, page_size=self.page_size,
             staging_tokens=self.rq_staging_tokens, pool_tokens=num_tokens,
             pool_bytes=self.compressed_nbytes(), dtype_bytes=self.rq_staging.element_size())
-        self.kernel_paths.log()
-        metrics.publish_kernel_paths(self.kernel_paths.rows())
+        rows = []
+        for bufs in self.stacks.values():
+            bufs.kernel_paths.log(bufs.label_prefix)
+            rows += bufs.kernel_paths.rows(bufs.label_prefix)
+        metrics.publish_kernel_paths(rows)
+
+    def count_forward(self, *, decode: bool) -> None:
+        """`dispatch.KernelPaths.count_forward` of every stack (a backend's per-forward hook)."""
+        for bufs in self.stacks.values():
+            bufs.kernel_paths.count_forward(decode=decode, prefix=bufs.label_prefix)
 
     def get_kv_size_bytes(self):
         total = self.compressed_nbytes()
         return total // 2, total - total // 2
 
     # ------------------------------------------------------------------ write path
-    def save(self, loop: int, layer: int, k: torch.Tensor, v: torch.Tensor,
-             loc: torch.Tensor) -> None:
-        """Stage (earlier loops) or commit (last loop of the group) the forward's K/V.
+    def save(self, slot: int, k: torch.Tensor, v: torch.Tensor, loc: torch.Tensor) -> None:
+        """Stage (earlier loops of a group) or commit (the group's last loop; an un-looped
+        layer at once) the forward's K/V of SGLang layer id ``slot``.
 
         Parameters
         ----------
-        loop, layer: loop index and physical layer index of the calling attention.
+        slot: the calling attention's ``layer_id`` (`layout.ModelKVShape.slot_places`).
         k, v: ``[num_tokens, num_kv_heads, head_dim]`` model dtype, this forward's tokens.
         loc: ``[num_tokens]`` int64 destination slots (``forward_batch.out_cache_loc``).
 
@@ -168,31 +251,31 @@ class RQTokenToKVPool(MHATokenToKVPool):
                 f"forward of {n} tokens exceeds the ResidualQuant staging buffer of "
                 f"{self.rq_staging_tokens} tokens; lower --chunked-prefill-size/--max-prefill-tokens "
                 "or raise --rq-staging-tokens")
-        grp, pos = divmod(loop, self.group_len)
-        if pos < self.group_len - 1:
-            self.rq_staging[pos, layer, :n, 0].copy_(k)
-            self.rq_staging[pos, layer, :n, 1].copy_(v)
+        t = self.targets[slot]
+        bufs, layer = t.bufs, t.layer
+        if t.pos < bufs.group_len - 1:
+            bufs.staging[t.pos, layer, :n, 0].copy_(k)
+            bufs.staging[t.pos, layer, :n, 1].copy_(v)
             return
-        staged = self.rq_staging[:, layer, :n]  # [G-1, n, 2, H, D]
+        staged = bufs.staging[:, layer, :n]  # [G-1, n, 2, H, D]
         k_loops = torch.cat([staged[:, :, 0], k.unsqueeze(0).to(staged.dtype)], dim=0)
         v_loops = torch.cat([staged[:, :, 1], v.unsqueeze(0).to(staged.dtype)], dim=0)
-        view = self.group_views[layer][grp]
-        self.kernel_paths.commit.fn(k_loops, v_loops, loc, view)
-        for i, meta in enumerate(view.meta):  # FP8 fields at +-448: clipped groups
+        t.paths.commit.fn(k_loops, v_loops, loc, t.view)
+        first = t.loop - t.pos
+        for i, meta in enumerate(t.view.meta):  # FP8 fields at +-448: clipped groups
             if meta is not None:
-                self.rq_clip.add(layer=layer, loop=grp * self.group_len + i, meta_rows=meta[loc])
-        last = layer == self.rq_shape.num_layers - 1 and grp == len(self.group_views[layer]) - 1
-        if last and not loc.is_cuda:
+                self.rq_clip.add(layer=t.block, loop=first + i, meta_rows=meta[loc])
+        if slot == self.layer_num - 1 and not loc.is_cuda:
             self.rq_clip.flush(force=True)  # CPU: no sync to avoid; publish at once
         # NOTE: committed tokens and twin-served forwards are counted by the backends'
         # per-forward hooks, which also run on CUDA-graph replays (this body does not).
 
     # ------------------------------------------------------------------ read path
-    def dequantize(self, loop: int, layer: int, slots: torch.Tensor
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reconstructed K and V of ``loop`` at ``slots`` (``[n]`` int64): 2x ``[n, H, D]`` fp32."""
-        grp, pos = divmod(loop, self.group_len)
-        return dequantize_rows_reference(self.group_views[layer][grp], slots, pos)
+    def dequantize(self, slot: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reconstructed K and V of SGLang layer id ``slot`` at pool rows ``rows`` (``[n]``
+        int64): 2x ``[n, H, D]`` fp32."""
+        t = self.targets[slot]
+        return dequantize_rows_reference(t.view, rows, t.pos)
 
     # ------------------------------------------------------------------ SGLang pool API
     def _dense_access(self, *_args, **_kwargs):

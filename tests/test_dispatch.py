@@ -15,7 +15,7 @@ from rq_kernels import cpu_attention, decode_attention
 from sglang_rq import dispatch, metrics
 from sglang_rq.config import RQConfig
 from sglang_rq.dispatch import KernelRequest, resolve
-from sglang_rq.layout import ModelKVShape
+from sglang_rq.layout import ModelKVShape, kv_slot
 from sglang_rq.reference import commit_reference, decode_attention_reference
 from tests.kernels.views import make_view
 
@@ -87,7 +87,7 @@ def test_count_forward_counts_only_paths_a_twin_serves(monkeypatch):
     counted.clear()
     resolve(view_of(RQConfig()), device="cuda", request=TRITON).count_forward(decode=True)
     assert counted == []
-    assert set(metrics.FALLBACK_PATHS) == set(dispatch.PATHS)
+    assert set(metrics.FALLBACK_PATHS) == {pre + p for pre in ("", "unlooped_") for p in dispatch.PATHS}
 
 
 def test_pool_resolves_once_logs_and_publishes_and_commits_through_the_twin(monkeypatch, caplog):
@@ -107,8 +107,8 @@ def test_pool_resolves_once_logs_and_publishes_and_commits_through_the_twin(monk
     k = torch.randn(3, 2, 64, dtype=torch.bfloat16)
     loc = torch.tensor([2, 5, 7])
     for loop in range(2):
-        pool.save(loop, 1, k, -k, loc)
-    kh, vh = pool.dequantize(1, 1, loc)  # loop 1 is the BF16 anchor, unrotated: exact
+        pool.save(kv_slot(loop, 1, 2), k, -k, loc)
+    kh, vh = pool.dequantize(kv_slot(1, 1, 2), loc)  # loop 1: the BF16 anchor, unrotated: exact
     assert torch.equal(kh, k.float()) and torch.equal(vh, -k.float())
 
 

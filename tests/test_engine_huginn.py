@@ -1,9 +1,13 @@
-"""The SGLang Huginn model (real engine on CPU, BF16 pool) against the plain PyTorch reference.
+"""The SGLang Huginn model (real engine on CPU) against the plain PyTorch reference.
 
 A random upstream-format checkpoint shaped like Huginn-3.5B at small scale (head_dim 96, 2 prelude
-+ 4 core + 2 coda blocks, 4 recurrences: 20 KV slots), both sides in float32, so greedy tokens
-must be identical. Prompts of different lengths run in one batch (ragged extend, batched decode).
-The ResidualQuant pool cannot hold Huginn's layout yet and must be refused before serving.
++ 4 core + 2 coda blocks, 4 recurrences: 20 KV slots), both sides in float32. With the BF16 pool
+greedy tokens must be identical. Prompts of different lengths run in one batch (ragged extend,
+batched decode). With the ResidualQuant pool (core recurrences in loop groups, prelude/coda
+un-looped): a format storing every slot in 16 bits at ``--rq-recurrences 8`` (two loop groups of
+4, chunked prefill so later chunks read the pool) must give the reference's greedy tokens at
+R = 8; the default format must agree with the reference's teacher-forced top-1 on most positions
+read from the compressed cache, with the hand-derived bytes per token.
 """
 
 from __future__ import annotations
@@ -57,9 +61,55 @@ def test_sglang_huginn_matches_reference_greedy(checkpoint, reference_tokens, tm
         assert out == ref, (prompt, ref, out)
 
 
-def test_rq_pool_refused_before_serving(checkpoint, tmp_path_factory):
-    with pytest.raises(RuntimeError) as exc:
-        _serve(checkpoint, tmp_path_factory).stop()  # default KV format: ResidualQuant
-    message = str(exc.value)
-    assert "server exited with 2" in message and "fired up" not in message
-    assert "cannot use the ResidualQuant KV pool yet" in message and "--rq-disable" in message
+def test_rq_pool_16_bit_format_at_8_recurrences_matches_reference(checkpoint, tmp_path_factory):
+    # Every slot stored in BF16 (unrotated; the server computes in fp32): the pool, staging,
+    # loop groups and slot mapping are exercised with a rounding error only (2^-9 relative).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = HuginnReferenceModel.from_pretrained(checkpoint, dtype=torch.float32)
+        ref = model.greedy_generate(PROMPTS, NEW_TOKENS, num_recurrences=8)
+    finally:
+        torch.set_num_threads(threads)
+    server = _serve(checkpoint, tmp_path_factory, "--rq-recurrences", "8", "--rq-anchor-bits", "16",
+                    "--rq-residual-bits", "16", "--rq-rotation", "none", "--chunked-prefill-size",
+                    "16")
+    try:
+        got = server.generate_ids(PROMPTS, NEW_TOKENS)
+    finally:
+        server.stop()
+    for prompt, r, out in zip(PROMPTS, ref, got):
+        assert out == r, (prompt, r, out)
+
+
+def test_rq_pool_default_format_agrees_with_reference(checkpoint, tmp_path_factory):
+    import re
+
+    import requests
+
+    from sglang_rq.quality import harness
+
+    gen = torch.Generator().manual_seed(3)
+    docs = [torch.randint(3, 512, (160,), generator=gen).tolist() for _ in range(3)]
+    server = _serve(checkpoint, tmp_path_factory, "--chunked-prefill-size", "32",
+                    "--enable-metrics")
+    try:
+        got = harness.score_documents(server.url, docs, top_k=1, score_from=40)
+        text = requests.get(server.url + "/metrics", timeout=30).text
+    finally:
+        server.stop()
+    # Per (token, core layer, K or V, head), one group of 4 recurrences: INT4 anchor 96/2 +
+    # 2*96/32 = 54 B, three INT2 residuals 24 + 6 + 2 = 32 B: 150 B; x 2 x 2 heads x 4 core layers
+    # = 2,400; prelude + coda in BF16: 4 x 2 x 2 x 96 x 2 = 3,072.
+    assert re.search(r"^sglang_rq_kv_bytes_per_token\S* 5472(\.0)?$", text, re.M), text[:2000]
+    model = HuginnReferenceModel.from_pretrained(checkpoint, dtype=torch.float32)
+    with torch.no_grad():
+        ref = [model(torch.tensor([d]))[0].argmax(-1).tolist() for d in docs]
+    # position i (>= 40, read from the compressed cache after the first chunk) predicts token i
+    # from tokens < i: the reference's argmax of logits[i - 1].
+    pairs = [(max(top, key=top.get), ref_d[i - 1]) for d_top, ref_d in zip(got["top"], ref)
+             for i, top in enumerate(d_top, start=40)]
+    agreement = sum(a == b for a, b in pairs) / len(pairs)
+    print(f"Huginn RQ default vs fp32 reference: teacher-forced top-1 {agreement:.3f} over "
+          f"{len(pairs)} positions")
+    assert agreement >= 0.8, agreement

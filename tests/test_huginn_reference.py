@@ -11,7 +11,6 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from sglang_rq.config import RQConfig, RQConfigError
 from sglang_rq.models.huginn_config import HuginnConfig, register_huginn_config
 from sglang_rq.models.huginn_reference import (
     HuginnReferenceModel,
@@ -127,11 +126,3 @@ def test_more_recurrences_change_the_output(tmp_path):
     model = HuginnReferenceModel.from_pretrained(tmp_path, dtype=torch.float32)
     ids = torch.tensor([PROMPTS[2]])
     assert not torch.allclose(model(ids, num_recurrences=1), model(ids, num_recurrences=4))
-
-
-def test_sglang_model_refuses_rq_pool_before_building(monkeypatch):
-    from sglang_rq.models.huginn import RavenForCausalLM
-
-    monkeypatch.setenv("SGLANG_RQ_CONFIG", RQConfig().to_json())
-    with pytest.raises(RQConfigError, match="--rq-disable"):
-        RavenForCausalLM(HuginnConfig(n_embd=64, n_heads=4))

@@ -16,7 +16,9 @@ from sglang_rq.layout import (
     decode_read_bytes_per_token,
     effective_bits,
     kv_bytes_per_token,
+    kv_slot,
     loop_segments,
+    staged_loops,
     staging_bytes,
     tokens_in_budget,
 )
@@ -107,14 +109,14 @@ def test_pool_allocates_exactly_bytes_per_token_times_rows():
     k = torch.randn(5, 2, 64, dtype=torch.bfloat16)
     loc = torch.tensor([3, 4, 5, 6, 7])
     for loop in range(4):
-        pool.save(loop, 1, k * (loop + 1) / 4, -k, loc)
-    kh, vh = pool.dequantize(3, 1, loc)
+        pool.save(kv_slot(loop, 1, 3), k * (loop + 1) / 4, -k, loc)
+    kh, vh = pool.dequantize(kv_slot(3, 1, 3), loc)
     assert ((kh - k.float()).norm() / k.float().norm()) < 0.12
     assert ((vh + k.float()).norm() / k.float().norm()) < 0.12
-    k0, _ = pool.dequantize(0, 1, loc)
+    k0, _ = pool.dequantize(kv_slot(0, 1, 3), loc)
     assert ((k0 - k.float() / 4).norm() / (k.float() / 4).norm()) < 0.15
     with pytest.raises(RuntimeError, match="--rq-staging-tokens"):
-        pool.save(0, 0, torch.zeros(21, 2, 64), torch.zeros(21, 2, 64), torch.arange(21))
+        pool.save(0, torch.zeros(21, 2, 64), torch.zeros(21, 2, 64), torch.arange(21))
     with pytest.raises(RuntimeError, match="no dense K/V buffers"):
         pool.get_key_buffer(0)
 
@@ -215,3 +217,80 @@ def test_kv_size_cli_takes_the_serving_flags(tmp_path):
     assert kv_size("--staging-tokens", "100", "--chunked-prefill-size", "2048")["staging_tokens"] == 100
     tp4 = kv_size("--tp-size", "4")
     assert tp4["num_kv_heads"] == 4 and tp4["bytes_per_token"] == 152_064 // 4
+
+
+# ----------------------------------------------------------------------------- Huginn (issue 15)
+HUGINN_3_5B = {"model_type": "huginn_raven", "n_embd": 5280, "n_heads": 55, "n_layers": 8,
+               "n_layers_in_prelude": 2, "n_layers_in_recurrent_block": 4, "n_layers_in_coda": 2,
+               "mean_recurrence": 32}
+
+
+def test_huginn_3_5b_shape_and_bytes_per_token():
+    shape = ModelKVShape.from_hf_config(HUGINN_3_5B)
+    assert (shape.num_layers, shape.num_loops, shape.prelude_layers, shape.coda_layers) == (4, 32, 2, 2)
+    assert (shape.num_kv_heads, shape.head_dim, shape.num_slots) == (55, 96, 132)
+    # BF16, one slot per (block, recurrence): 132 slots x 2 (K, V) x 55 heads x 96 x 2 B.
+    assert kv_bytes_per_token(shape, RQConfig(enabled=False)) == 2_787_840
+    # Default: core in 8 groups of 4 recurrences. Per (token, core layer, K or V, head) and
+    # group: INT4 anchor 96/2 + 2*96/32 = 54 B, three INT2 residuals 24 + 6 + 2 = 32 B each:
+    # 150 B; x 8 groups x 2 x 55 heads x 4 core layers = 528,000. Prelude + coda in BF16:
+    # 4 layers x 2 x 55 x 96 x 2 = 84,480.
+    assert kv_bytes_per_token(shape, RQConfig()) == 528_000 + 84_480
+    # INT4 anchor-only prelude/coda: 4 x 2 x 55 x 54 = 23,760 instead of 84,480.
+    assert kv_bytes_per_token(shape, RQConfig(unlooped_bits=4)) == 528_000 + 23_760
+    assert staged_loops(shape, RQConfig()) == 3  # staging holds one group's earlier recurrences
+    # The authors' KV sharing: one BF16 slot per core layer (c = 1, 0-bit earlier recurrences).
+    sharing = RQConfig(anchor_bits=16, residual_bits=0, lsq=False, rotation="none",
+                       loop_group_size=32)
+    assert kv_bytes_per_token(shape, sharing) == 8 * 2 * 55 * 96 * 2
+
+
+def test_huginn_slot_places_follow_the_model_layout():
+    from sglang_rq.models.huginn_config import HuginnConfig
+
+    cfg = HuginnConfig(n_embd=192, n_heads=2, n_layers=5, n_layers_in_prelude=1,
+                       n_layers_in_recurrent_block=2, n_layers_in_coda=2, mean_recurrence=8)
+    shape = ModelKVShape.from_hf_config(cfg.to_dict())
+    places = shape.slot_places()
+    assert len(places) == shape.num_slots == cfg.num_hidden_layers == 1 + 2 * 8 + 2
+    p = places[cfg.kv_slot("prelude", 0)]
+    assert (p.stack, p.loop, p.layer, p.block) == ("unlooped", 0, 0, 0)
+    for r in range(8):
+        for b in range(2):
+            p = places[cfg.kv_slot("core", b, r)]
+            assert (p.stack, p.loop, p.layer, p.block) == ("looped", r, b, 1 + b)
+    for c in range(2):
+        p = places[cfg.kv_slot("coda", c)]
+        assert (p.stack, p.loop, p.layer, p.block) == ("unlooped", 0, 1 + c, 3 + c)
+
+
+def test_huginn_recurrences_a_loop_group_cannot_split_are_refused():
+    shape = ModelKVShape.from_hf_config({**HUGINN_3_5B, "mean_recurrence": 30})
+    assert shape.default_loop_group is None  # 30 is no multiple of 4: one group
+    with pytest.raises(RQConfigError, match="--rq-loop-group-size=4 does not divide"):
+        kv_bytes_per_token(shape, RQConfig(loop_group_size=4))
+
+
+def test_pool_with_unlooped_layers_allocates_and_round_trips():
+    from sglang_rq.pool import bind_pool_class
+
+    shape = ModelKVShape(num_layers=2, num_loops=4, num_kv_heads=2, head_dim=64, prelude_layers=1,
+                         coda_layers=1, default_loop_group=2)
+    cfg = RQConfig()
+    cls = bind_pool_class(cfg=cfg, shape=shape, staging_tokens=8)
+    pool = cls(size=9, page_size=1, dtype=torch.bfloat16, head_num=2, head_dim=64,
+               layer_num=shape.num_slots, device="cpu", enable_memory_saver=False)
+    assert pool.compressed_nbytes() == kv_bytes_per_token(shape, cfg) * 10
+    # looped: 2 groups of 2 per layer; staging [1, 2 layers, 8, 2, 2, 64] bf16; rotation of the
+    # 2 looped layers only (the BF16 un-looped stack is not rotated).
+    assert pool.fixed_nbytes() == 1 * 2 * 8 * 2 * 2 * 64 * 2 + 2 * 2 * 64 * 64 * 4
+    k = torch.randn(3, 2, 64, dtype=torch.bfloat16)
+    loc = torch.tensor([1, 4, 9])
+    last_slot = shape.num_slots - 1  # the coda layer: BF16, committed at once, exact
+    pool.save(last_slot, k, -k, loc)
+    kh, vh = pool.dequantize(last_slot, loc)
+    assert torch.equal(kh, k.float()) and torch.equal(vh, -k.float())
+    for loop in (0, 1):  # core layer 1, group 0: loop 1 is its INT4 anchor
+        pool.save(1 + kv_slot(loop, 1, 2), k * (loop + 1), k, loc)
+    kh, _ = pool.dequantize(1 + kv_slot(1, 1, 2), loc)
+    assert ((kh - 2 * k.float()).norm() / (2 * k.float()).norm()) < 0.12

@@ -18,9 +18,10 @@ The initial state is zeros (deterministic; upstream draws it at random), so a ca
 K/V equals a recompute. Parameter names are upstream's; ``attn.Wqkv`` and ``mlp.fc`` are split
 into SGLang's fused-linear shards by `RavenForCausalLM.load_weights`.
 
-The ResidualQuant pool is refused (`RQ_POOL_REFUSAL`): its layout has one loop count for every
-physical layer, and Huginn's un-looped prelude/coda beside R looped core blocks (in loop groups)
-is not expressible yet.
+With the ResidualQuant pool the slots are stored per `sglang_rq.layout.ModelKVShape.slot_places`
+(the same layout, read from the config by `ModelKVShape.from_model_config`): the core's
+recurrences as a looped stack in loop groups of 4 with their own anchors, the prelude and coda as
+un-looped layers (``--rq-unlooped-bits``, BF16 by default).
 """
 
 from __future__ import annotations
@@ -47,15 +48,6 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_loader.weight_utils import default_weight_loader
 from sglang.srt.runtime_context import get_parallel
 from sglang.srt.utils import add_prefix
-
-from sglang_rq import env
-from sglang_rq.config import RQConfig, RQConfigError
-
-RQ_POOL_REFUSAL = (
-    "Huginn (RavenForCausalLM) cannot use the ResidualQuant KV pool yet: the pool stores one loop "
-    "count for every physical layer, and Huginn has un-looped prelude/coda blocks beside a core "
-    "that recurs (its recurrences need loop groups with their own anchors). Pass --rq-disable to "
-    "serve it with SGLang's BF16 KV cache.")
 
 
 class HuginnMLP(nn.Module):
@@ -199,9 +191,6 @@ class RavenForCausalLM(nn.Module):
     def __init__(self, config, quant_config: QuantizationConfig | None = None,
                  prefix: str = "") -> None:
         super().__init__()
-        raw = env.RQ_CONFIG.get()
-        if raw and RQConfig.from_json(raw).enabled:
-            raise RQConfigError(RQ_POOL_REFUSAL)  # before any weights load
         self.config = config
         self.transformer = HuginnModel(config, quant_config, add_prefix("transformer", prefix))
         if config.tie_embeddings:

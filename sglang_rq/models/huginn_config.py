@@ -35,9 +35,10 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
+from sglang_rq.layout import HUGINN_MODEL_TYPE
+
 logger = logging.getLogger(__name__)
 
-HUGINN_MODEL_TYPE = "huginn_raven"
 HUGINN_ARCHITECTURE = "RavenForCausalLM"
 
 # Attributes computed from the upstream fields; a value arriving in kwargs (a to_dict round
@@ -45,6 +46,12 @@ HUGINN_ARCHITECTURE = "RavenForCausalLM"
 _DERIVED = ("num_hidden_layers", "num_key_value_heads", "head_dim", "max_position_embeddings",
             "tie_word_embeddings", "padded_vocab_size", "num_recurrences", "embed_scale",
             "effective_expected_depth", "init_values", "num_kv_slots")
+
+
+# Upstream fields the derived attributes are computed from.
+_UPSTREAM_SHAPE = ("n_embd", "n_heads", "vocab_size", "block_size", "mean_recurrence",
+                   "n_layers_in_prelude", "n_layers_in_recurrent_block", "n_layers_in_coda",
+                   "tie_embeddings")
 
 
 class HuginnConfig(PretrainedConfig):
@@ -141,6 +148,13 @@ class HuginnConfig(PretrainedConfig):
         self.state_init = state_init
         super().__init__(tie_word_embeddings=self.tie_embeddings, **kwargs)
         self._set_derived()
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        # SGLang's --json-model-override-args (sglang-rq's --rq-recurrences) setattr()s upstream
+        # fields after construction; keep the derived slot count in step.
+        super().__setattr__(key, value)
+        if key in _UPSTREAM_SHAPE and "padded_vocab_size" in self.__dict__:
+            self._set_derived()
 
     def _set_derived(self) -> None:
         self.padded_vocab_size = self.vocab_size
