@@ -72,8 +72,15 @@ def kv_size(argv: list[str]) -> int:
         print(json.dumps(out))
         return 0
     rank = f" per rank of {args.tp_size}" if args.tp_size > 1 else ""
-    print(f"model: {shape.num_layers} layers x {shape.num_loops} loops, {shape.num_kv_heads} KV heads"
-          f"{rank}, head_dim {shape.head_dim}")
+    unlooped = (f" + {shape.unlooped_layers} un-looped (prelude {shape.prelude_layers}, coda "
+                f"{shape.coda_layers})" if shape.unlooped_layers else "")
+    print(f"model: {shape.num_layers} layers x {shape.num_loops} loops{unlooped}, "
+          f"{shape.num_kv_heads} KV heads{rank}, head_dim {shape.head_dim}")
+    if cfg.enabled:
+        looped = layout.kv_stacks(shape, cfg)[0].cfg
+        print(f"loop groups: {shape.num_loops // looped.group_len(shape.num_loops)} of "
+              f"{looped.group_len(shape.num_loops)} loops (one anchor each)"
+              + (f"; un-looped layers {cfg.unlooped_bits}-bit" if shape.unlooped_layers else ""))
     print(f"format: {out['kv_format']}")
     print(f"bytes/token{rank}: {per_tok:,} (BF16 {bf16:,}, {out['compression_ratio']:.2f}x smaller)")
     print(f"effective bits/element: {out['effective_bits']:.3f}")

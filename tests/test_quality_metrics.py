@@ -76,10 +76,35 @@ def test_named_formats_effective_bits(name, bits):
     assert layout.effective_bits(MINI_OURO, cfg) == pytest.approx(bits)
 
 
+def test_huginn_head_to_head_formats_bytes_per_token():
+    # mini-Huginn: D = 96, 2 KV heads, 2 core layers x 32 recurrences, 1 prelude + 1 coda layer.
+    # Per (token, layer, K or V, head): BF16 vector 192 B, INT4 anchor 48 + 6 = 54 B, INT8 anchor
+    # 96 + 6 = 102 B, INT2 residual 24 + 6 + 2 = 32 B, 0-bit residual (c only) 2 B.
+    shape = layout.ModelKVShape(num_layers=2, num_loops=32, num_kv_heads=2, head_dim=96,
+                                prelude_layers=1, coda_layers=1, default_loop_group=4)
+    per = 2 * 2  # K and V, 2 heads
+    unlooped_bf16 = 2 * per * 192
+    expected = {
+        "bf16": 66 * per * 192,
+        "huginn-sharing": 2 * per * 192 + unlooped_bf16,  # one slot per core layer
+        "share-int4-g32": 2 * per * (54 + 31 * 2) + unlooped_bf16,
+        "share-int8-g32": 2 * per * (102 + 31 * 2) + unlooped_bf16,
+        "share-int4-g8-u4": 2 * per * 4 * (54 + 7 * 2) + 2 * per * 54,
+        "g2": 2 * per * 16 * (54 + 32) + unlooped_bf16,
+        "g4": 2 * per * 8 * (54 + 3 * 32) + unlooped_bf16,
+        "g8": 2 * per * 4 * (54 + 7 * 32) + unlooped_bf16,
+        "g32": 2 * per * (54 + 31 * 32) + unlooped_bf16,
+    }
+    for name, nbytes in expected.items():
+        cfg = ladder.rq_config(ladder.flags_for(name))
+        assert layout.kv_bytes_per_token(shape, cfg) == nbytes, name
+
+
 def test_format_names_resolve():
     assert ladder.resolve("ladder") == ["bf16", *ladder.LADDER]
     assert ladder.resolve("default,direct-int2")[0] == "bf16"
-    assert set(ladder.resolve("all")) == set(ladder.FORMATS)
+    assert set(ladder.resolve("all")) == set(ladder.FORMATS) - set(ladder.HUGINN)
+    assert ladder.resolve("huginn") == ["bf16", *ladder.HUGINN]
     for name in ladder.FORMATS:  # every named format is a valid configuration
         ladder.rq_config(ladder.flags_for(name))
     with pytest.raises(ValueError, match="--formats"):

@@ -38,7 +38,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-path", default=str(EMBEDDED_MODEL), help="Model directory (default: embedded).")
     p.add_argument("--formats", default="ladder",
-                   help=f"Comma-separated names from {{{', '.join(ladder.FORMATS)}}}, 'ladder', 'all', "
+                   help=f"Comma-separated names from {{{', '.join(ladder.FORMATS)}}}, 'ladder', 'huginn', 'all', "
                         "or rotation=PATH.safetensors. bf16 is always run first. Default %(default)s.")
     p.add_argument("--datasets", default="pride,wikitext2", help="Comma-separated: pride, wikitext2.")
     p.add_argument("--data-dir", type=Path, default=None,

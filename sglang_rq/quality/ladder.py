@@ -42,10 +42,31 @@ FORMATS: dict[str, tuple[list[str], str]] = {
                   "KV sharing: earlier loops read c·anchor (0-bit residuals, MELT/PLT-style + c)"),
     "share": (["--rq-residual-bits", "0", "--rq-no-lsq"],
               "KV sharing: every loop reads the INT4 anchor (c = 1)"),
+    # ---- Huginn (recurrent depth; R = 32 recurrences of the core, issue 15 item 6)
+    "huginn-sharing": (["--rq-anchor-bits", "16", "--rq-residual-bits", "0", "--rq-no-lsq",
+                        "--rq-rotation", "none", "--rq-loop-group-size", "32"],
+                       "Huginn authors' cache: one BF16 slot per core layer, the newest "
+                       "recurrence's K/V read by every recurrence"),
+    "share-int4-g32": (["--rq-residual-bits", "0", "--rq-loop-group-size", "32"],
+                       "KV sharing over all 32 recurrences: INT4 anchor, LSQ c"),
+    "share-int8-g32": (["--rq-anchor-bits", "8", "--rq-residual-bits", "0",
+                        "--rq-loop-group-size", "32"],
+                       "KV sharing over all 32 recurrences: INT8 anchor, LSQ c"),
+    "share-int4-g8-u4": (["--rq-residual-bits", "0", "--rq-loop-group-size", "8",
+                          "--rq-unlooped-bits", "4"],
+                         "KV sharing in groups of 8: INT4 anchors, LSQ c; INT4 prelude/coda"),
+    "g2": (["--rq-loop-group-size", "2"], "default bits, loop groups of 2 recurrences"),
+    "g4": (["--rq-loop-group-size", "4"], "default bits, loop groups of 4 (Huginn's default)"),
+    "g8": (["--rq-loop-group-size", "8"], "default bits, loop groups of 8"),
+    "g32": (["--rq-loop-group-size", "32"], "default bits, one group of 32 recurrences"),
 }
 
 #: The ablation ladder in order (ResidualQuant's own steps).
 LADDER = ("direct-int2", "residual-int2", "residual-int2-lsq", "residual-int2-lsq-rot", "default")
+#: Huginn's head-to-head at R = 32: the authors' sharing, sharing with an anchor format and
+#: ``c``, and ResidualQuant's loop groups (``--formats huginn``).
+HUGINN = ("huginn-sharing", "share-int4-g32", "share-int8-g32", "share-int4-g8-u4", "g2", "g4",
+          "g8", "g32")
 
 
 def rq_config(flags: list[str]) -> RQConfig:
@@ -56,23 +77,26 @@ def rq_config(flags: list[str]) -> RQConfig:
 
 
 def resolve(names: str) -> list[str]:
-    """Comma-separated format names (or ``all`` / ``ladder``) -> names, ``bf16`` first.
+    """Comma-separated format names (or ``all`` / ``ladder`` / ``huginn``) -> names, ``bf16``
+    first.
 
     Raises
     ------
     ValueError
         Naming an unknown format and listing the known ones (flag ``--formats``).
     """
-    if names == "all":
-        out = list(FORMATS)
+    if names == "all":  # every format of a 4-loop model (Ouro)
+        out = [n for n in FORMATS if n not in HUGINN]
     elif names == "ladder":
         out = ["bf16", *LADDER]
+    elif names == "huginn":
+        out = ["bf16", *HUGINN]
     else:
         out = [n.strip() for n in names.split(",") if n.strip()]
     unknown = [n for n in out if n not in FORMATS and not n.startswith("rotation=")]
     if unknown:
         raise ValueError(f"--formats: unknown format(s) {unknown}; known: {', '.join(FORMATS)}, "
-                         "all, ladder, or rotation=PATH.safetensors")
+                         "all, ladder, huginn, or rotation=PATH.safetensors")
     return ["bf16"] + [n for n in out if n != "bf16"]
 
 
