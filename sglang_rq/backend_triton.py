@@ -96,7 +96,20 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
     # ------------------------------------------------------------------ CUDA graphs (decode)
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         """Allocate the static plan buffers (`RQGraphBuffers`) for decode graphs up to
-        ``max_bs`` requests of up to ``req_to_token.shape[1]`` tokens."""
+        ``max_bs`` requests of up to ``req_to_token.shape[1]`` tokens.
+
+        Raises
+        ------
+        RuntimeError
+            When some layers decode through the PyTorch twin (host syncs cannot be captured).
+        """
+        twins = [p for b in self.token_to_kv_pool.stacks.values() for p in (b.kernel_paths.decode,)
+                 if p.is_twin]
+        if twins:
+            raise RuntimeError(
+                f"rq_triton cannot capture decode CUDA graphs: decode runs the PyTorch twin "
+                f"({twins[0].reason}); pass --disable-cuda-graph, or a format the kernels serve "
+                "(Huginn: --rq-unlooped-bits 8)")
         table = self.req_to_token_pool.req_to_token
         dev = table.device
         self.rq_graph = RQGraphBuffers(

@@ -46,6 +46,8 @@ from sglang_rq.reference import (
 
 if TYPE_CHECKING:
     from rq_kernels.view import CompressedLayerView
+    from sglang_rq.config import RQConfig
+    from sglang_rq.layout import ModelKVShape
 
 logger = logging.getLogger(__name__)
 
@@ -221,3 +223,28 @@ def _extend_twin(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr, kv_indice
                  out=None, max_qo_len=None):
     return extend_attention_reference(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr,
                                       kv_indices, sm_scale=sm_scale, out=out)
+
+
+def graph_blocker(shape: ModelKVShape, cfg: RQConfig) -> str | None:
+    """Why decode CUDA graphs cannot be captured for ``shape`` under ``cfg`` on CUDA, or None.
+
+    A stack whose format the fused kernels do not serve decodes through the PyTorch twin, which
+    reads its index plan on the host (a sync a CUDA graph cannot record): Huginn's BF16 prelude
+    and coda (``--rq-unlooped-bits 16``, the default) are the case in practice. Read from the
+    format alone (`rq_kernels.unsupported_reason` on a view without buffers), so the launcher
+    can ask before SGLang starts.
+    """
+    if not cfg.enabled:
+        return None
+    from rq_kernels.view import CompressedLayerView
+    from sglang_rq.layout import kv_stacks
+
+    for st in kv_stacks(shape, cfg):
+        segs = st.segments[:st.cfg.group_len(st.shape.num_loops)]
+        view = CompressedLayerView(codes=[], meta=[], coef=[], segments=segs, cfg=st.cfg,
+                                   head_dim=st.shape.head_dim,
+                                   rotation=None if st.cfg.rotation == "none" else torch.empty(0))
+        why = unsupported_reason(view)
+        if why is not None:
+            return f"the {st.name} layers' format runs the PyTorch twin ({why})"
+    return None

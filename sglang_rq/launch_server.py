@@ -66,6 +66,29 @@ def _without_prefill_graphs(argv: list[str]) -> list[str]:
     return argv + ["--cuda-graph-backend-prefill", "disabled"]
 
 
+def _without_uncapturable_graphs(argv: list[str], cfg: RQConfig) -> list[str]:
+    """``argv`` plus ``--disable-cuda-graph`` when a local model's format decodes some layers
+    through the PyTorch twin (`dispatch.graph_blocker`: Huginn's BF16 prelude/coda), unless
+    the user set graph flags themselves (the backend then refuses to capture, naming the flags)."""
+    model = _flag_value(argv, "--model-path", "--model")
+    config = Path(model or "") / "config.json"
+    if not config.is_file() or _has_flag(argv, "--disable-cuda-graph"):
+        return argv
+    from sglang_rq.dispatch import graph_blocker
+    from sglang_rq.layout import ModelKVShape
+
+    hf = json.loads(config.read_text())
+    raw = _flag_value(argv, "--json-model-override-args")
+    shape = ModelKVShape.from_hf_config({**hf, **(json.loads(raw) if raw else {})},
+                                        tp_size=int(_flag_value(argv, "--tp-size", "--tp") or 1))
+    why = graph_blocker(shape, cfg)
+    if why is None:
+        return argv
+    print(f"sglang-rq: CUDA graphs off: {why}; decode runs eager (pass --rq-unlooped-bits 8 to "
+          "serve every layer with the fused kernels and keep graphs)", file=sys.stderr)
+    return argv + ["--disable-cuda-graph"]
+
+
 def _flag_value(argv: list[str], *flags: str) -> str | None:
     """The value given to the first of ``flags`` found in ``argv`` (``--f v`` or ``--f=v``)."""
     for i, a in enumerate(argv):
@@ -190,6 +213,8 @@ def prepare_environment(argv: list[str]) -> list[str]:
     cuda = has_cuda()
     if cfg.enabled and not _has_flag(rest, "--attention-backend"):
         rest += ["--attention-backend", "rq_triton" if cuda else "rq_native"]
+    if cuda and cfg.enabled:
+        rest = _without_uncapturable_graphs(rest, cfg)
     if "rq_triton" in rest:
         # Decode CUDA graphs are SGLang's default and rq_triton captures them (run in SGLang's
         # runner on the H200; graph-vs-eager tokens: tests/gpu/test_gpu_server.py, not yet run

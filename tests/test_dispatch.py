@@ -129,3 +129,16 @@ def test_c_decode_adapter_matches_the_twin():
     out = paths.decode.fn(q, kc, vc, view, 2, kv_indptr, idx, sm_scale=0.125)
     ref = decode_attention_reference(q, kc, vc, view, 2, kv_indptr, idx, sm_scale=0.125)
     assert (out - ref).abs().max().item() <= 2e-4 * ref.abs().max().item()
+
+
+def test_graph_blocker_names_the_stack_a_twin_decodes():
+    from sglang_rq.dispatch import graph_blocker
+
+    huginn = ModelKVShape(num_layers=2, num_loops=32, num_kv_heads=2, head_dim=96,
+                          prelude_layers=1, coda_layers=1, default_loop_group=4)
+    # BF16 prelude/coda (16-bit anchors are not fused): the twin decodes them.
+    assert "unlooped layers" in graph_blocker(huginn, RQConfig())
+    assert graph_blocker(huginn, RQConfig(unlooped_bits=8)) is None
+    assert graph_blocker(ModelKVShape(4, 4, 4, 128), RQConfig()) is None
+    assert graph_blocker(huginn, RQConfig(enabled=False)) is None
+    assert "looped layers" in graph_blocker(huginn, RQConfig(anchor="chained", unlooped_bits=8))
