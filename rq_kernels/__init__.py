@@ -11,10 +11,10 @@ ValueError for a format the kernels do not cover; the serving package decides wh
 runs (`sglang_rq.dispatch`). This package imports nothing from the serving package.
 """
 
-from rq_kernels._host import kernel_device_reason, unsupported_reason
+from rq_kernels._host import kernel_device_reason, prepare_view, unsupported_reason
 from rq_kernels.commit import commit
 from rq_kernels.decode import decode_attention
 from rq_kernels.extend import extend_attention
 
 __all__ = ["commit", "decode_attention", "extend_attention", "kernel_device_reason",
-           "unsupported_reason"]
+           "prepare_view", "unsupported_reason"]

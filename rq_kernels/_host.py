@@ -83,28 +83,26 @@ def require_kernel(launcher: str, why: str | None, kernel, *tensors: torch.Tenso
                          "sglang_rq.reference instead)")
 
 
-# NOTE: each entry keeps its source tensor alive, so a data_ptr in a key can never be reused by
-# a different (later) rotation tensor and hit a stale entry.
-_ROT_CACHE: dict[tuple, tuple[torch.Tensor, float, int, torch.Tensor]] = {}
-
-
-def rotation_terms(rotation: torch.Tensor | None, padded_dim: int, device: torch.device
+def rotation_terms(view: CompressedLayerView, padded_dim: int, device: torch.device
                    ) -> tuple[torch.Tensor, float, int]:
-    """``R = alpha * sum(terms)`` with bf16 ``terms [TERMS, H, DP, DP]`` (zero padded).
+    """The view's rotation in the kernels' form: ``R = alpha * sum(terms)`` with bf16 ``terms
+    [TERMS, H, DP, DP]`` (zero padded to ``padded_dim``).
 
     A matrix whose entries all have one magnitude (Hadamard, signed Hadamard: ``+-1/sqrt(D)``)
     is ``alpha * sign(R)``, one exact bf16 term; any other matrix is split hi/mid/lo (3 terms,
     24 mantissa bits, exact fp32). Multiplying a bf16 vector by the terms on tensor cores then
-    gives fp32-accurate rotations. Cached per tensor version (NOTE: the first call syncs, so
-    call once before CUDA-graph capture). Returns a 1-element dummy when ``rotation`` is None.
+    gives fp32-accurate rotations. Built once per view (`prepare_view`, which the serving pool
+    calls when it builds its views) and kept in ``view.kernel_rotation``; building it syncs, so
+    a view not prepared must see one eager call before CUDA-graph capture. Returns a 1-element
+    dummy when the view has no rotation.
     """
-    if rotation is None:
+    if view.rotation is None:
         return torch.zeros(1, dtype=torch.bfloat16, device=device), 1.0, 1
-    key = (rotation.data_ptr(), rotation._version, tuple(rotation.shape), str(device), padded_dim)
-    hit = _ROT_CACHE.get(key)
-    if hit is not None and hit[3] is rotation:
-        return hit[:3]
-    r = rotation.detach().to(device=device, dtype=torch.float32)
+    key = (padded_dim, str(torch.device(device)))
+    hit = view.kernel_rotation.get(key)
+    if hit is not None:
+        return hit
+    r = view.rotation.detach().to(device=device, dtype=torch.float32)
     h, d, _ = r.shape
     mag = r.abs()
     alpha = float(mag.flatten()[0])
@@ -120,8 +118,15 @@ def rotation_terms(rotation: torch.Tensor | None, padded_dim: int, device: torch
     for t, p in enumerate(parts):
         terms[t, :, :d, :d] = p.to(torch.bfloat16)
     out = (terms, alpha, len(parts))
-    _ROT_CACHE[key] = (*out, rotation)
+    view.kernel_rotation[key] = out
     return out
+
+
+def prepare_view(view: CompressedLayerView) -> None:
+    """Build the kernels' form of ``view``'s rotation once, on the rotation's device (a host
+    sync), so that later launches, CUDA-graph capture included, only read it."""
+    if view.rotation is not None:
+        rotation_terms(view, next_pow2(view.head_dim), view.rotation.device)
 
 
 def strides3(t: torch.Tensor | None) -> tuple[int, int, int]:

@@ -53,7 +53,7 @@ def commit(k_loops: torch.Tensor, v_loops: torch.Tensor, loc: torch.Tensor,
     Note
     ----
     Codes equal the twin's except where fp32 rounding ties differ (see
-    tests/kernels/test_commit.py). CUDA-graph safe after one warm-up call (rotation cache).
+    tests/kernels/test_commit.py). CUDA-graph safe once the view is prepared (`rq_kernels.prepare_view`) or after one eager call.
     """
     require_kernel("commit", unsupported_reason(view), rq_commit_kernel, k_loops)
     L, T, H, D = k_loops.shape
@@ -75,7 +75,7 @@ def commit(k_loops: torch.Tensor, v_loops: torch.Tensor, loc: torch.Tensor,
     cfg = view.cfg
     glen = cfg.group_len(L)
     dp = next_pow2(D)
-    terms, alpha, nterms = rotation_terms(view.rotation, dp, dev)
+    terms, alpha, nterms = rotation_terms(view, dp, dev)
     dummy = view.codes[view.segments[0].base]
     codes = tuple(c if s.bits > 0 else dummy for c, s in zip(view.codes, view.segments))
     meta = tuple(m if m is not None else dummy for m in view.meta)

@@ -142,8 +142,8 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     ----
     Two launches: the split kernel ``(num_kv_heads, batch_size, num_splits)`` and the merge
     kernel ``(num_kv_heads, cdiv(batch_size * group, 16))``; a ``[batch_size, num_qo_heads,
-    num_splits, head_dim_pow2]`` fp32 workspace is allocated per call. CUDA-graph safe after one
-    warm-up call with the same rotation tensor.
+    num_splits, head_dim_pow2]`` fp32 workspace is allocated per call. CUDA-graph safe once the view is
+    prepared (`rq_kernels.prepare_view`) or after one eager call.
     """
     launch = launch or DecodeLaunch()
     B, HQ, D = q.shape
@@ -160,7 +160,7 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     dev = q.device
     args, c = attention_loop_args(view, loop_id)
     dp = c["DP"]
-    terms, alpha, nterms = rotation_terms(view.rotation, dp, dev)
+    terms, alpha, nterms = rotation_terms(view, dp, dev)
     rot = (terms, terms.stride(0) if terms.dim() == 4 else 0,
            terms.stride(1) if terms.dim() == 4 else 0, dp, alpha)
     has_rot = view.rotation is not None

@@ -91,7 +91,7 @@ def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
         return out
     args, c = attention_loop_args(view, loop_id)
     dp = c["DP"]
-    terms, alpha, nterms = rotation_terms(view.rotation, dp, dev)
+    terms, alpha, nterms = rotation_terms(view, dp, dev)
     rot = (terms, terms.stride(0) if terms.dim() == 4 else 0,
            terms.stride(1) if terms.dim() == 4 else 0, dp, alpha)
     grid = (B, HQ, cdiv(max_qo_len or T, block_m))

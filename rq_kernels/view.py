@@ -10,7 +10,7 @@ what the kernels read of it, as two protocols: `LoopFormat` (how one loop is sto
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -77,6 +77,9 @@ class CompressedLayerView:
     segments: tuple[LoopFormat, ...]
     cfg: KVFormat
     head_dim: int
+    kernel_rotation: dict = field(default_factory=dict, repr=False, compare=False)
+    """The rotation in the kernels' form, built once (`rq_kernels.prepare_view`), keyed by
+    padded head_dim and device."""
 
     def rotation_cpu(self, like: torch.Tensor) -> torch.Tensor | None:
         """The rotation on ``like``'s device."""

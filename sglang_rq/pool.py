@@ -33,6 +33,7 @@ import torch
 
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
+from rq_kernels import prepare_view
 from rq_kernels.view import CompressedLayerView
 from sglang_rq import dispatch, metrics
 from sglang_rq.clipping import ClipCounter
@@ -165,6 +166,10 @@ class RQTokenToKVPool(MHATokenToKVPool):
         for bufs in self.stacks.values():
             bufs.kernel_paths = dispatch.resolve(bufs.group_views[0][0], device=dev,
                                                  request=self.rq_kernels)
+            if any(p.impl.startswith("triton") for p in bufs.kernel_paths):
+                for views in bufs.group_views:  # the kernels' rotation form, once, before capture
+                    for view in views:
+                        prepare_view(view)
         looped = self.stacks["looped"]
         self.segments, self.group_len = looped.stack.segments, looped.group_len
         self.rq_codes, self.rq_meta, self.rq_coef = looped.codes, looped.meta, looped.coef
