@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass
 
@@ -190,11 +191,10 @@ class RQConfig:
 
     @classmethod
     def from_json(cls, text: str) -> RQConfig:
-        """Inverse of `to_json`."""
-        data = json.loads(text)
-        if data.get("loop_bits") is not None:
-            data["loop_bits"] = tuple(data["loop_bits"])
-        return cls(**data)
+        """Inverse of `to_json`. The one channel into SGLang's processes is ``SGLANG_RQ_CONFIG``
+        (`sglang_rq.env`, set by the launcher); each process parses a given text once (the
+        object is frozen, so callers share it)."""
+        return _parse_json(text) if cls is RQConfig else _from_dict(cls, json.loads(text))
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RQConfig:
@@ -236,6 +236,17 @@ class RQConfig:
             f"{'' if self.loop_group_size is None else f' loop_group={self.loop_group_size}'}"
             f"{'' if self.unlooped_bits == 16 else f' unlooped={self.unlooped_bits}'}"
         )
+
+
+def _from_dict(cls: type[RQConfig], data: dict) -> RQConfig:
+    if data.get("loop_bits") is not None:
+        data["loop_bits"] = tuple(data["loop_bits"])
+    return cls(**data)
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_json(text: str) -> RQConfig:
+    return _from_dict(RQConfig, json.loads(text))
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
