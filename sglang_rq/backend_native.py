@@ -115,6 +115,9 @@ class RQNativeAttnBackend(TorchNativeAttnBackend):
         hq, hkv, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
         q3 = q.view(-1, hq, d)
         k3, v3 = k.view(-1, hkv, d), v.view(-1, hkv, d)
+        decode = forward_batch.forward_mode.is_decode_or_idle()
+        q3, k3, v3, out_factor = pool.prescale_attention(layer.layer_id, q3, k3, v3,
+                                                         calibrate=not decode)
         if save_kv_cache:
             pool.save(layer.layer_id, k3, v3, forward_batch.out_cache_loc)
         req_to_token = self.req_to_token_pool.req_to_token
@@ -124,7 +127,7 @@ class RQNativeAttnBackend(TorchNativeAttnBackend):
         kv_indptr = torch.tensor([0, *itertools.accumulate(int(p) for p in prefix_lens)],
                                  dtype=torch.int64)
         view, pos = target.view, target.pos
-        if forward_batch.forward_mode.is_decode_or_idle():  # one query row per request
+        if decode:  # one query row per request
             out = target.paths.decode.fn(q3, k3, v3, view, pos, kv_indptr, kv_indices,
                                               sm_scale=layer.scaling)
         else:
@@ -132,6 +135,8 @@ class RQNativeAttnBackend(TorchNativeAttnBackend):
                                      dtype=torch.int64)
             out = target.paths.extend.fn(q3, k3, v3, view, pos, qo_indptr, kv_indptr,
                                               kv_indices, sm_scale=layer.scaling)
+        if out_factor is not None:
+            out = out.view(-1, hq, d) * out_factor
         self._count_nonfinite_once(out, layer.layer_id)
         return out.reshape(q.shape[0], hq * d)
 

@@ -110,6 +110,8 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
                 f"rq_triton cannot capture decode CUDA graphs: decode runs the PyTorch twin "
                 f"({twins[0].reason}); pass --disable-cuda-graph, or a format the kernels serve "
                 "(Huginn: --rq-unlooped-bits 8)")
+        if self.token_to_kv_pool.prescale is not None:
+            self.token_to_kv_pool.prescale.freeze()  # graphs are captured unscaled
         table = self.req_to_token_pool.req_to_token
         dev = table.device
         self.rq_graph = RQGraphBuffers(
@@ -163,16 +165,21 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
         target = pool.targets[layer.layer_id]
         hq, hkv, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
         q3, k3, v3 = q.view(-1, hq, d), k.view(-1, hkv, d), v.view(-1, hkv, d)
+        decode = forward_batch.forward_mode.is_decode_or_idle()
+        q3, k3, v3, out_factor = pool.prescale_attention(layer.layer_id, q3, k3, v3,
+                                                         calibrate=not decode)
         if save_kv_cache:
             pool.save(layer.layer_id, k3, v3, forward_batch.out_cache_loc)
         view, pos = target.view, target.pos
         md = self.rq_metadata
-        if forward_batch.forward_mode.is_decode_or_idle():
+        if decode:
             out = target.paths.decode.fn(q3, k3, v3, view, pos, md.kv_indptr, md.kv_indices,
                                               sm_scale=layer.scaling)
         else:
             out = target.paths.extend.fn(q3, k3, v3, view, pos, md.qo_indptr, md.kv_indptr,
                                               md.kv_indices, sm_scale=layer.scaling,
                                               max_qo_len=md.max_qo_len)
+        if out_factor is not None:
+            out = out.view(-1, hq, d) * out_factor
         self._count_nonfinite_once(out, layer.layer_id)
         return out.reshape(q.shape[0], hq * d)

@@ -74,6 +74,10 @@ class RQConfig:
         Bits of the un-looped layers of a model that has them (Huginn's prelude and coda, run
         once per token; ``--rq-unlooped-bits``): 16 keeps them in BF16 (default), 2/4/8 stores
         one quantized anchor per layer (no residuals).
+    prescale:
+        Store K/V of a layer whose norms exceed the FP8 scale/offset range divided by a
+        per-head power of two, calibrated on its first prefill (`sglang_rq.prescale`;
+        ``--rq-no-prescale`` turns it off).
     """
 
     enabled: bool = True
@@ -88,6 +92,7 @@ class RQConfig:
     rotate_anchor: bool = True
     loop_group_size: int | None = None
     unlooped_bits: int = 16
+    prescale: bool = True
 
     def __post_init__(self) -> None:
         if self.anchor_bits not in SUPPORTED_BITS or self.anchor_bits == 0:
@@ -220,6 +225,7 @@ class RQConfig:
             rotate_anchor=args.rq_rotate_anchor,
             loop_group_size=args.rq_loop_group_size,
             unlooped_bits=args.rq_unlooped_bits,
+            prescale=not args.rq_no_prescale,
         )
 
     def describe(self) -> str:
@@ -281,3 +287,6 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rq-unlooped-bits", type=int, default=d.unlooped_bits,
                    help="Bits of un-looped layers (Huginn's prelude/coda): 16 = BF16, 2/4/8 = "
                         "one quantized anchor. Default %(default)s.")
+    g.add_argument("--rq-no-prescale", action="store_true",
+                   help="Do not prescale K/V whose norms exceed the FP8 scale/offset range "
+                        "(calibrated per layer on the first prefill; see docs/robustness.md).")

@@ -38,6 +38,7 @@ from rq_kernels.view import CompressedLayerView
 from sglang_rq import dispatch, metrics
 from sglang_rq.clipping import ClipCounter
 from sglang_rq.config import RQConfig
+from sglang_rq.prescale import Prescale
 from sglang_rq.layout import (
     KVStack,
     ModelKVShape,
@@ -183,6 +184,8 @@ class RQTokenToKVPool(MHATokenToKVPool):
                                            block=place.block, view=bufs.group_views[place.layer][grp]))
         self.rq_clip = ClipCounter(num_layers=shape.num_layers + shape.unlooped_layers,
                                    num_loops=shape.num_loops, device=dev)
+        self.prescale = (Prescale(num_blocks=shape.num_layers + shape.unlooped_layers,
+                                  num_kv_heads=h, device=dev) if cfg.prescale else None)
         # Tiny placeholders keep SGLang code that walks k_buffer/v_buffer pointer tables working.
         self.k_buffer = [torch.zeros((self.page_size, h, d), dtype=self.store_dtype, device=dev)
                          for _ in range(self.layer_num)]
@@ -242,7 +245,8 @@ class RQTokenToKVPool(MHATokenToKVPool):
         Parameters
         ----------
         slot: the calling attention's ``layer_id`` (`layout.ModelKVShape.slot_places`).
-        k, v: ``[num_tokens, num_kv_heads, head_dim]`` model dtype, this forward's tokens.
+        k, v: ``[num_tokens, num_kv_heads, head_dim]`` model dtype, this forward's tokens, as
+            stored: divided by the slot's prescale (`prescale_attention`).
         loc: ``[num_tokens]`` int64 destination slots (``forward_batch.out_cache_loc``).
 
         Raises
@@ -275,12 +279,26 @@ class RQTokenToKVPool(MHATokenToKVPool):
         # NOTE: committed tokens and twin-served forwards are counted by the backends'
         # per-forward hooks, which also run on CUDA-graph replays (this body does not).
 
+    def prescale_attention(self, slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           *, calibrate: bool
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """`Prescale.apply` of ``slot``'s layer (calibrated first when ``calibrate``: an extend
+        forward): ``(q, k, v, out_factor)`` for the save and the attention call; the output is
+        multiplied by ``out_factor`` unless it is None (no prescale)."""
+        if self.prescale is None:
+            return q, k, v, None
+        block = self.targets[slot].block
+        if calibrate:
+            self.prescale.calibrate(block, k, v)
+        return self.prescale.apply(block, q, k, v)
+
     # ------------------------------------------------------------------ read path
     def dequantize(self, slot: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Reconstructed K and V of SGLang layer id ``slot`` at pool rows ``rows`` (``[n]``
         int64): 2x ``[n, H, D]`` fp32."""
         t = self.targets[slot]
-        return dequantize_rows_reference(t.view, rows, t.pos)
+        k, v = dequantize_rows_reference(t.view, rows, t.pos)
+        return (k, v) if self.prescale is None else self.prescale.restore(t.block, k, v)
 
     # ------------------------------------------------------------------ SGLang pool API
     def _dense_access(self, *_args, **_kwargs):

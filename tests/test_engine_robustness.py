@@ -4,8 +4,11 @@ The embedded mini-Ouro, copied with physical layer 1's K projection rows 0..7 of
 by 1e4 (K entries of order 1e4, beyond the FP8 range of the offset after the Hadamard rotation),
 served with the RQ pool, ``--enable-metrics`` and a 1024-token pool:
 
-* ``sglang_rq_clipped_groups_total{layer="1"}`` > 0 after one request, every other layer 0, and
-  the log names layer 1 once;
+* without the prescale (``--rq-no-prescale``): ``sglang_rq_clipped_groups_total{layer="1"}`` > 0
+  after one request, every other layer 0, and the log names layer 1 once;
+* with the prescale (default, `sglang_rq.prescale`): no group clips, the log names layer 1's
+  prescale, and teacher-forced top-1 agreement with the BF16 pool on English text is at least
+  0.75 and 0.1 above the unscaled pool's (measured 0.825 vs 0.654);
 * HTTP fuzzing of ``/generate``, ``/v1/completions`` and ``/v1/chat/completions``: every reply is
   the status in `CASES` (4xx, or a 200 where SGLang 0.5.23 accepts the input, each with its
   reason), no request hangs (30 s each), and afterwards greedy output is what it was before.
@@ -46,12 +49,47 @@ def outlier_checkpoint(path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    ckpt = outlier_checkpoint(tmp_path_factory.mktemp("ouro-outlier"))
-    srv = Server(["--model-path", str(ckpt), *FLAGS],
+def ckpt(tmp_path_factory):
+    return outlier_checkpoint(tmp_path_factory.mktemp("ouro-outlier"))
+
+
+@pytest.fixture(scope="module")
+def server(ckpt, tmp_path_factory):
+    srv = Server(["--model-path", str(ckpt), *FLAGS, "--rq-no-prescale"],
                  tmp_path_factory.mktemp("logs") / "robustness.log")
     yield srv
     srv.stop()
+
+
+def _english_docs() -> list[list[int]]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(EMBEDDED_MODEL / "tokenizer.json"))
+    ids = tok.encode((Path(__file__).resolve().parents[1] / "README.md").read_text()).ids
+    return [ids[i * 400:(i + 1) * 400] for i in range(2)]
+
+
+def test_prescale_stores_outlier_k_without_clipping(ckpt, server, tmp_path_factory):
+    from sglang_rq.quality import harness, metrics
+
+    docs, logs = _english_docs(), tmp_path_factory.mktemp("logs-prescale")
+    scored = {}
+    for name, extra in (("bf16", ["--rq-disable"]), ("prescale", [])):
+        srv = Server(["--model-path", str(ckpt), *FLAGS, *extra], logs / f"{name}.log")
+        try:  # positions after the first 256-token chunk read the compressed cache
+            scored[name] = harness.score_documents(srv.url, docs, top_k=5, score_from=257)
+            if name == "prescale":
+                counts, log = clipped(srv.url), srv.log()
+        finally:
+            srv.stop()
+    scored["unscaled"] = harness.score_documents(server.url, docs, top_k=5, score_from=257)
+    top = {k: [p for d in v["top"] for p in d] for k, v in scored.items()}
+    agree = {k: metrics.top1_agreement(top["bf16"], top[k]) for k in ("prescale", "unscaled")}
+    print(f"outlier checkpoint, teacher-forced top-1 vs BF16: {agree}; clipped {counts}")
+    assert all(v == 0 for v in counts.values()), counts
+    assert f"layer {OUTLIER_LAYER} stores K/V divided by 2^s" in log
+    # measured 0.825 vs 0.654 (CPU, 2026-11-30); the unmodified model agrees at 0.95
+    assert agree["prescale"] >= 0.75 and agree["prescale"] >= agree["unscaled"] + 0.1, agree
 
 
 def clipped(url: str) -> dict[str, float]:

@@ -211,3 +211,20 @@ def test_fast_division_is_correctly_rounded(device):
     want = a / b  # IEEE correctly rounded division
     bad = (q != want).sum().item()
     assert bad == 0, f"{bad} of {n} quotients differ from IEEE division"
+
+
+def test_prepared_view_carries_the_rotation_terms():
+    """`prepare_view` builds the kernels' rotation form once (the pool calls it before CUDA-graph
+    capture, where building it would sync); launches then read the same tensors."""
+    from rq_kernels import prepare_view
+    from rq_kernels._host import next_pow2, rotation_terms
+
+    view = make_view(RQConfig(), num_loops=2, num_kv_heads=2, head_dim=96, rows=4)
+    assert not view.kernel_rotation
+    prepare_view(view)
+    (key, (terms, alpha, nterms)), = view.kernel_rotation.items()
+    assert key == (128, "cpu") and nterms == 1 and alpha == pytest.approx(96 ** -0.5)
+    assert terms.shape == (1, 2, 128, 128)  # Hadamard 96 = Paley-12 x Sylvester-8, padded
+    assert torch.equal(terms[0, :, :96, :96].float(), torch.sign(view.rotation))  # R = alpha sign(R)
+    assert not terms[0, :, 96:].any() and not terms[0, :, :, 96:].any()
+    assert rotation_terms(view, next_pow2(96), torch.device("cpu"))[0] is terms
