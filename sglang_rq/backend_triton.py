@@ -103,8 +103,8 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
         RuntimeError
             When some layers decode through the PyTorch twin (host syncs cannot be captured).
         """
-        twins = [p for b in self.token_to_kv_pool.stacks.values() for p in (b.kernel_paths.decode,)
-                 if p.is_twin]
+        twins = [b.kernel_paths.decode for b in self.token_to_kv_pool.stacks.values()
+                 if b.kernel_paths.decode.is_twin]
         if twins:
             raise RuntimeError(
                 f"rq_triton cannot capture decode CUDA graphs: decode runs the PyTorch twin "

@@ -66,21 +66,42 @@ def _without_prefill_graphs(argv: list[str]) -> list[str]:
     return argv + ["--cuda-graph-backend-prefill", "disabled"]
 
 
+def _local_model_config(model_path: str | None, overrides: dict | None = None) -> dict | None:
+    """A local model's ``config.json`` with SGLang's ``--json-model-override-args`` applied, or
+    None when ``model_path`` is not a local directory holding one (a hub id is checked later).
+
+    Raises
+    ------
+    sglang_rq.config.RQConfigError
+        When the file is not valid JSON.
+    """
+    config = Path(model_path or "") / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        return {**json.loads(config.read_text()), **(overrides or {})}
+    except json.JSONDecodeError as exc:
+        raise RQConfigError(f"{config}: cannot read a JSON config ({exc})") from exc
+
+
+def _argv_overrides(argv: list[str]) -> dict:
+    raw = _flag_value(argv, "--json-model-override-args")
+    return json.loads(raw) if raw else {}
+
+
 def _without_uncapturable_graphs(argv: list[str], cfg: RQConfig) -> list[str]:
     """``argv`` plus ``--disable-cuda-graph`` when a local model's format decodes some layers
     through the PyTorch twin (`dispatch.graph_blocker`: Huginn's BF16 prelude/coda), unless
     the user set graph flags themselves (the backend then refuses to capture, naming the flags)."""
-    model = _flag_value(argv, "--model-path", "--model")
-    config = Path(model or "") / "config.json"
-    if not config.is_file() or _has_flag(argv, "--disable-cuda-graph"):
+    if _has_flag(argv, "--disable-cuda-graph"):
+        return argv
+    hf = _local_model_config(_flag_value(argv, "--model-path", "--model"), _argv_overrides(argv))
+    if hf is None:
         return argv
     from sglang_rq.dispatch import graph_blocker
     from sglang_rq.layout import ModelKVShape
 
-    hf = json.loads(config.read_text())
-    raw = _flag_value(argv, "--json-model-override-args")
-    shape = ModelKVShape.from_hf_config({**hf, **(json.loads(raw) if raw else {})},
-                                        tp_size=int(_flag_value(argv, "--tp-size", "--tp") or 1))
+    shape = ModelKVShape.from_hf_config(hf, tp_size=int(_flag_value(argv, "--tp-size", "--tp") or 1))
     why = graph_blocker(shape, cfg)
     if why is None:
         return argv
@@ -253,15 +274,12 @@ def with_recurrences(argv: list[str], recurrences: int) -> list[str]:
     if recurrences < 1:
         raise RQConfigError(f"--rq-recurrences={recurrences} must be >= 1")
     model = _flag_value(argv, "--model-path", "--model")
-    config = Path(model or "") / "config.json"
-    if config.is_file():
-        model_type = json.loads(config.read_text()).get("model_type")
-        if model_type != HUGINN_MODEL_TYPE:
-            raise RQConfigError(f"--rq-recurrences applies to Huginn recurrent-depth models "
-                                f"(model_type {HUGINN_MODEL_TYPE!r}); {model} is {model_type!r}")
-    raw = _flag_value(argv, "--json-model-override-args")
-    overrides = json.loads(raw) if raw else {}
-    overrides["mean_recurrence"] = recurrences
+    hf = _local_model_config(model)
+    if hf is not None and hf.get("model_type") != HUGINN_MODEL_TYPE:
+        raise RQConfigError(f"--rq-recurrences applies to Huginn recurrent-depth models "
+                            f"(model_type {HUGINN_MODEL_TYPE!r}); {model} is "
+                            f"{hf.get('model_type')!r}")
+    overrides = {**_argv_overrides(argv), "mean_recurrence": recurrences}
     out, skip = [], False
     for a in argv:
         if skip:
@@ -291,17 +309,13 @@ def validate_against_model(cfg: RQConfig, model_path: str, *, tp_size: int = 1,
     sglang_rq.config.RQConfigError
         Naming the ``--rq-*`` flag, as the pool would, but within a second of start-up.
     """
-    config = Path(model_path) / "config.json"
-    if not cfg.enabled or not config.is_file():
+    hf = _local_model_config(model_path, overrides) if cfg.enabled else None
+    if hf is None:
         return
     from sglang_rq.config import ROTATION_CHOICES
     from sglang_rq.layout import ModelKVShape, kv_stacks
     from sglang_rq.rotation import build_rotation
 
-    try:
-        hf = {**json.loads(config.read_text()), **(overrides or {})}
-    except json.JSONDecodeError as exc:
-        raise RQConfigError(f"{config}: cannot read a JSON config ({exc})") from exc
     shape = ModelKVShape.from_hf_config(hf, tp_size=tp_size)
     kv_stacks(shape, cfg)
     if cfg.rotation not in ROTATION_CHOICES and tp_size > 1:

@@ -1,27 +1,28 @@
 """The ResidualQuant KV pool: a subclass of SGLang's `MHATokenToKVPool`.
 
-Storage (``rows = size + page_size``; row = token slot, row 0 is SGLang's padding slot;
-``L`` physical layers, ``H`` KV heads, ``D`` head_dim, ``g`` group size; one buffer per kind and
-loop, each viewed per physical layer, so one compressed row of a layer holds every loop):
+Storage, per stack of `layout.kv_stacks` (``stacks["looped"]``, and ``stacks["unlooped"]`` for
+Huginn's prelude and coda: one loop, no staging), a `StackBuffers` (``rows = size + page_size``;
+row = token slot, row 0 is SGLang's padding slot; ``L`` layers of the stack, ``H`` KV heads,
+``D`` head_dim, ``g`` group size; one buffer per kind and loop, each viewed per layer, so one
+compressed row of a layer holds every loop):
 
-* ``rq_codes[i]``  ``[L, rows, 2, H, code_bytes_i]`` uint8 — packed codes of loop i (K, V),
-* ``rq_meta[i]``   ``[L, rows, 2, H, D/g, 2]`` uint8 — FP8 e4m3fn (scale, offset), quantized loops,
-* ``rq_coef[i]``   ``[L, rows, 2, H]`` bf16 — least-squares coefficient c_i, residual loops,
-* ``rq_staging``   ``[G-1, L, staging_tokens, 2, H, D]`` model dtype — the in-flight K/V of the
+* ``codes[i]``  ``[L, rows, 2, H, code_bytes_i]`` uint8 — packed codes of loop i (K, V),
+* ``meta[i]``   ``[L, rows, 2, H, D/g, 2]`` uint8 — FP8 e4m3fn (scale, offset), quantized loops,
+* ``coef[i]``   ``[L, rows, 2, H]`` bf16 — least-squares coefficient c_i, residual loops,
+* ``staging``   ``[G-1, L, staging_tokens, 2, H, D]`` model dtype — the in-flight K/V of the
   earlier loops of the current forward (G = loops per anchor group), committed when the group's
   last loop reaches the layer,
-* ``rq_rotation``  ``[L, H, D, D]`` fp32 or None.
+* ``rotation``  ``[L, H, D, D]`` fp32 or None.
 
-A model with un-looped layers (Huginn's prelude and coda, `layout.kv_stacks`) has a second
-stack of the same buffers (``L`` = prelude + coda layers, one loop, no staging); ``stacks``
-holds both and ``targets`` maps every SGLang layer id (slot, `layout.ModelKVShape.slot_places`)
-to its stack, loop group view and loop position. The attributes above are the looped stack's.
+``targets`` maps every SGLang layer id (slot, `layout.ModelKVShape.slot_places`) to its stack,
+loop group view and loop position.
 
 The byte sizes come from `layout.kv_stacks`; the allocation equals
 ``layout.kv_bytes_per_token * rows`` (tested). Staging and rotation are fixed overhead charged
 in the pool configurator (see `plugin.py`), and a forward larger than ``staging_tokens`` is an
 error, never an overflow. What serves commit, decode and extend (kernels or PyTorch twins) is
-resolved once here, ``kernel_paths`` (`sglang_rq.dispatch`), and read by the backends.
+resolved once here per stack, ``StackBuffers.kernel_paths`` (`sglang_rq.dispatch`), and read by
+the backends through ``targets``.
 """
 
 from __future__ import annotations
@@ -148,7 +149,6 @@ class RQTokenToKVPool(MHATokenToKVPool):
     rq_shape: ModelKVShape
     rq_staging_tokens: int
     rq_kernels: dispatch.KernelRequest = dispatch.KernelRequest()
-    kernel_paths: dispatch.KernelPaths
 
     # ------------------------------------------------------------------ allocation
     def _create_buffers(self) -> None:
@@ -171,11 +171,6 @@ class RQTokenToKVPool(MHATokenToKVPool):
                 for views in bufs.group_views:  # the kernels' rotation form, once, before capture
                     for view in views:
                         prepare_view(view)
-        looped = self.stacks["looped"]
-        self.segments, self.group_len = looped.stack.segments, looped.group_len
-        self.rq_codes, self.rq_meta, self.rq_coef = looped.codes, looped.meta, looped.coef
-        self.rq_staging, self.rq_rotation = looped.staging, looped.rotation
-        self.group_views, self.kernel_paths = looped.group_views, looped.kernel_paths
         self.targets = []
         for place in shape.slot_places():
             bufs = self.stacks[place.stack]
@@ -221,7 +216,7 @@ class RQTokenToKVPool(MHATokenToKVPool):
         metrics.publish_kv_format(
             cfg=self.rq_cfg, shape=self.rq_shape, page_size=self.page_size,
             staging_tokens=self.rq_staging_tokens, pool_tokens=num_tokens,
-            pool_bytes=self.compressed_nbytes(), dtype_bytes=self.rq_staging.element_size())
+            pool_bytes=self.compressed_nbytes(), dtype_bytes=self.dtype.itemsize)
         rows = []
         for bufs in self.stacks.values():
             bufs.kernel_paths.log(bufs.label_prefix)

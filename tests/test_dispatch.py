@@ -101,8 +101,9 @@ def test_pool_resolves_once_logs_and_publishes_and_commits_through_the_twin(monk
     with caplog.at_level(logging.INFO, logger="sglang_rq.dispatch"):
         pool = cls(size=16, page_size=1, dtype=torch.bfloat16, head_num=2, head_dim=64,
                    layer_num=4, device="cpu", enable_memory_saver=False)
-    assert pool.kernel_paths.commit.is_twin and "16 bits" in pool.kernel_paths.commit.reason
-    assert published == [pool.kernel_paths.rows()]
+    paths = pool.stacks["looped"].kernel_paths
+    assert paths.commit.is_twin and "16 bits" in paths.commit.reason
+    assert published == [paths.rows()]
     assert "running the PyTorch twin" in caplog.text
     k = torch.randn(3, 2, 64, dtype=torch.bfloat16)
     loc = torch.tensor([2, 5, 7])
