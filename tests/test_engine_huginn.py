@@ -33,15 +33,19 @@ def checkpoint(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def reference_tokens(checkpoint):
+def _reference_greedy(checkpoint, num_recurrences: int | None = None) -> list[list[int]]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matmuls on shared cores
     try:
         model = HuginnReferenceModel.from_pretrained(checkpoint, dtype=torch.float32)
-        return model.greedy_generate(PROMPTS, NEW_TOKENS)
+        return model.greedy_generate(PROMPTS, NEW_TOKENS, num_recurrences=num_recurrences)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def reference_tokens(checkpoint):
+    return _reference_greedy(checkpoint)
 
 
 def _serve(checkpoint, tmp_path_factory, *extra):
@@ -64,13 +68,7 @@ def test_sglang_huginn_matches_reference_greedy(checkpoint, reference_tokens, tm
 def test_rq_pool_16_bit_format_at_8_recurrences_matches_reference(checkpoint, tmp_path_factory):
     # Every slot stored in BF16 (unrotated; the server computes in fp32): the pool, staging,
     # loop groups and slot mapping are exercised with a rounding error only (2^-9 relative).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        model = HuginnReferenceModel.from_pretrained(checkpoint, dtype=torch.float32)
-        ref = model.greedy_generate(PROMPTS, NEW_TOKENS, num_recurrences=8)
-    finally:
-        torch.set_num_threads(threads)
+    ref = _reference_greedy(checkpoint, num_recurrences=8)
     server = _serve(checkpoint, tmp_path_factory, "--rq-recurrences", "8", "--rq-anchor-bits", "16",
                     "--rq-residual-bits", "16", "--rq-rotation", "none", "--chunked-prefill-size",
                     "16")
