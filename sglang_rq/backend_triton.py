@@ -27,30 +27,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import logging
+
 import torch
 
-from sglang_rq import clipping, metrics
-from sglang_rq.backend_native import RQNativeAttnBackend
+from sglang_rq import metrics
+from sglang_rq.backend_base import RQAttnBackend, RQForwardMetadata
 from sglang_rq.kv_plan import kv_indices_capacity, plan_history
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
-
-@dataclass
-class RQForwardMetadata:
-    """Per-forward index arrays: ``qo_indptr``/``kv_indptr`` ``[batch_size + 1]`` int32,
-    ``kv_indices`` ``[>= nnz + 1]`` int64 (history rows, `plan_history`), ``max_qo_len`` host
-    int."""
-
-    qo_indptr: torch.Tensor
-    kv_indptr: torch.Tensor
-    kv_indices: torch.Tensor
-    max_qo_len: int
-
-    def __post_init__(self) -> None:
-        dev = self.kv_indices.device
-        assert self.qo_indptr.device == dev and self.kv_indptr.device == dev, "metadata on two devices"
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -64,14 +52,15 @@ class RQGraphBuffers:
     kv_indices: torch.Tensor
 
 
-class RQTritonAttnBackend(RQNativeAttnBackend):
-    """Fused-kernel attention over the compressed pool (decode and extend)."""
+class RQTritonAttnBackend(RQAttnBackend):
+    """Attention backend ``rq_triton``: device-planned index arrays (int32 indptrs), static
+    buffers for decode CUDA graphs."""
 
     rq_graph: RQGraphBuffers | None = None
 
-    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
-        """Eager plan: buffers sized by this forward's host-known history length."""
-        super().init_forward_metadata(forward_batch)
+    def plan(self, forward_batch: ForwardBatch) -> RQForwardMetadata:
+        """Eager plan: buffers sized by this forward's host-known history length
+        (`plan_history` fills them on the device)."""
         if forward_batch.forward_mode.is_decode_or_idle():
             hist = forward_batch.seq_lens.to(torch.int64) - 1
             qo = torch.ones_like(hist)
@@ -90,8 +79,8 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
                      kv_indptr, kv_indices)
         qo_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
         qo_indptr[1:] = torch.cumsum(qo, 0)
-        self.rq_metadata = RQForwardMetadata(qo_indptr=qo_indptr, kv_indptr=kv_indptr,
-                                             kv_indices=kv_indices, max_qo_len=int(max_qo))
+        return RQForwardMetadata(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                                 max_qo_len=int(max_qo))
 
     # ------------------------------------------------------------------ CUDA graphs (decode)
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
@@ -110,8 +99,8 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
                 f"rq_triton cannot capture decode CUDA graphs: decode runs the PyTorch twin "
                 f"({twins[0].reason}); pass --disable-cuda-graph, or a format the kernels serve "
                 "(Huginn: --rq-unlooped-bits 8)")
-        if self.token_to_kv_pool.prescale is not None:
-            self.token_to_kv_pool.prescale.freeze()  # graphs are captured unscaled
+        if self.token_to_kv_pool.prescale is not None:  # graphs are captured unscaled
+            self.token_to_kv_pool.prescale.graphs_captured(self.stop_decode_graphs)
         table = self.req_to_token_pool.req_to_token
         dev = table.device
         self.rq_graph = RQGraphBuffers(
@@ -144,9 +133,7 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
                                              kv_indptr=g.kv_indptr[:bs + 1],
                                              kv_indices=g.kv_indices, max_qo_len=1)
         if not in_capture:
-            metrics.count_committed(bs)
-            clipping.flush_for(self.token_to_kv_pool)  # at most once a second
-            self.token_to_kv_pool.count_forward(decode=True)
+            self.count_forward(bs, decode=True)
 
     def init_forward_metadata_in_graph(self, forward_batch: ForwardBatch) -> None:
         """Graph-recorded part: the decode plan into the static buffers (`plan_history`)."""
@@ -154,32 +141,18 @@ class RQTritonAttnBackend(RQNativeAttnBackend):
         plan_history(self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
                      forward_batch.seq_lens.to(torch.int64) - 1, g.kv_indptr, g.kv_indices)
 
-    def _forward(self, q, k, v, layer, forward_batch, save_kv_cache, *, prefix_lens, extend_lens):
-        """Body of `forward_extend` / `forward_decode` (same arguments and result as
-        `RQNativeAttnBackend`'s): save, then the pool's decode or extend path on this
-        forward's plan (``rq_metadata``: ``kv_indptr`` ``[batch_size + 1]`` int32,
-        ``kv_indices`` int64 history rows; the host ``prefix_lens``/``extend_lens`` are not
-        read). Decode calls are recorded into CUDA graphs, so nothing here reads a device
-        value on the host."""
-        pool = self.token_to_kv_pool
-        target = pool.targets[layer.layer_id]
-        hq, hkv, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim
-        q3, k3, v3 = q.view(-1, hq, d), k.view(-1, hkv, d), v.view(-1, hkv, d)
-        decode = forward_batch.forward_mode.is_decode_or_idle()
-        q3, k3, v3, out_factor = pool.prescale_attention(layer.layer_id, q3, k3, v3,
-                                                         calibrate=not decode)
-        if save_kv_cache:
-            pool.save(layer.layer_id, k3, v3, forward_batch.out_cache_loc)
-        view, pos = target.view, target.pos
-        md = self.rq_metadata
-        if decode:
-            out = target.paths.decode.fn(q3, k3, v3, view, pos, md.kv_indptr, md.kv_indices,
-                                              sm_scale=layer.scaling)
-        else:
-            out = target.paths.extend.fn(q3, k3, v3, view, pos, md.qo_indptr, md.kv_indptr,
-                                              md.kv_indices, sm_scale=layer.scaling,
-                                              max_qo_len=md.max_qo_len)
-        if out_factor is not None:
-            out = out.view(-1, hq, d) * out_factor
-        self._count_nonfinite_once(out, layer.layer_id)
-        return out.reshape(q.shape[0], hq * d)
+    def stop_decode_graphs(self, reason: str) -> bool:
+        """Turn decode CUDA-graph replay off for the rest of this server's life (every later
+        decode runs eagerly through this backend), logging ``reason``. Returns False, changing
+        nothing, when SGLang 0.5.23's seam (``ModelRunner.decode_cuda_graph_runner`` with a
+        ``can_run_graph(forward_batch)`` method, asked before every decode) is missing."""
+        runner = getattr(self.model_runner, "decode_cuda_graph_runner", None)
+        if runner is None or not callable(getattr(runner, "can_run_graph", None)):
+            logger.error("sglang-rq: cannot turn decode CUDA graphs off (no "
+                         "ModelRunner.decode_cuda_graph_runner.can_run_graph): %s", reason)
+            return False
+        runner.can_run_graph = lambda forward_batch: False
+        metrics.mark_decode_graphs_stopped()
+        logger.warning("sglang-rq: decode CUDA graphs turned off for this server, decode runs "
+                       "eagerly from now on: %s", reason)
+        return True

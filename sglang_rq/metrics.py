@@ -116,6 +116,9 @@ def _create() -> dict[str, Any]:
                             "Forwards that ran the PyTorch twin instead of the kernels (Triton "
                             "on CUDA, the C library on CPU), per path: commit, decode, extend.",
                             ("path",)),
+        "graphs_stopped": gauge("decode_graphs_stopped",
+                                "1 once decode CUDA graphs were turned off because a layer needed "
+                                "a K/V prescale after they were captured (sglang_rq.prescale)."),
         "kernel_path": gauge("kernel_path_info",
                              "What serves each path (value 1): impl c, triton, triton_fma or "
                              "twin, and the reason the preferred kernel does not serve it.",
@@ -243,6 +246,13 @@ def publish_kernel_paths(rows: list[tuple[str, str, str]]) -> None:
         return
     for path, impl, reason in rows:
         fams["kernel_path"].labels(path=path, impl=impl, reason=reason).set(1)
+
+
+def mark_decode_graphs_stopped() -> None:
+    """Set ``sglang_rq_decode_graphs_stopped`` to 1 (decode runs eagerly from now on)."""
+    fams = _get()
+    if fams is not None:
+        fams["graphs_stopped"].set(1)
 
 
 def count_fallback(path: str) -> None:

@@ -18,17 +18,20 @@ So the kernels and the codec are untouched; the backends apply `Prescale.apply` 
 prefill/extend forward that reaches the layer (SGLang's start-up warm-up request, or the first
 real one): ``s = max(0, ceil(log2(max ||x|| / NORM_LIMIT)))`` over that forward's tokens (a host
 sync, in an eager forward). A block whose factors are all 1 costs nothing (`apply` returns its
-inputs). Decode CUDA graphs are captured at start-up, before any calibration, with that
-no-op path, so once graphs are captured (`freeze`) calibration only logs what the prescale
-would have been and K/V stay unscaled (their clipped groups counted by `sglang_rq.clipping`);
-serve such a model with ``--disable-cuda-graph`` to get the prescale. Later K/V more than 4x
-beyond the calibration can still clip, and are counted. ``--rq-no-prescale`` turns it off.
+inputs). Decode CUDA graphs are captured at start-up, before any calibration, with that no-op
+path. When a later calibration finds a block that needs a factor, correctness wins over graph
+speed: the backend's ``stop_graphs`` callback (`Prescale.graphs_captured`) turns decode graph
+replay off for the rest of the server's life, with a warning naming the layer, and every later
+decode runs eagerly with the prescale. Models whose K/V stay in range (every model measured so
+far) keep their graphs and pay nothing. Later K/V more than 4x beyond the calibration can still
+clip, and are counted (`sglang_rq.clipping`). ``--rq-no-prescale`` turns it off.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -47,11 +50,14 @@ class Prescale:
         self.factors = torch.ones((num_blocks, 2, num_kv_heads), dtype=torch.float32, device=device)
         self._calibrated = [False] * num_blocks
         self._active = [False] * num_blocks
-        self.frozen = False
+        self._stop_graphs: Callable[[str], bool] | None = None
 
-    def freeze(self) -> None:
-        """CUDA graphs were captured with every block unscaled: keep it that way."""
-        self.frozen = True
+    def graphs_captured(self, stop_graphs: Callable[[str], bool]) -> None:
+        """Decode CUDA graphs are being captured with every block unscaled. A block calibrated
+        later to a factor other than 1 first calls ``stop_graphs(reason)`` (once), which turns
+        graph replay off and returns True; if it returns False (the seam is missing), the block
+        stays unscaled: it clips, counted, and the warning says so."""
+        self._stop_graphs = stop_graphs
 
     def calibrate(self, block: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Set block ``block``'s factors from this forward's ``k``, ``v`` (``[num_tokens,
@@ -67,13 +73,19 @@ class Prescale:
         if not any(e for row in exps for e in row):
             return
         maxima = [[round(n, 1) for n in r] for r in norms.tolist()]
-        if self.frozen:
-            logger.warning("sglang-rq: layer %d has K/V norms up to %s, beyond the FP8 scale/offset "
-                           "range; CUDA graphs are captured, so they are stored unscaled and clip "
-                           "(sglang_rq_clipped_groups_total). Serve with --disable-cuda-graph to "
-                           "store them prescaled by 2^s (s: K %s, V %s)", block, maxima, exps[0],
-                           exps[1])
-            return
+        if self._stop_graphs is not None:
+            stopped = self._stop_graphs(
+                f"layer {block} needs a K/V prescale (max norms {maxima}) and the captured "
+                "graphs hold the unscaled path")
+            self._stop_graphs = None
+            if not stopped:
+                self._calibrated = [True] * len(self._calibrated)  # graphs stay: nothing may scale
+                logger.warning("sglang-rq: layer %d has K/V norms up to %s, beyond the FP8 "
+                               "scale/offset range, and decode CUDA graphs could not be turned "
+                               "off: K/V are stored unscaled and clip "
+                               "(sglang_rq_clipped_groups_total). Serve with --disable-cuda-graph",
+                               block, maxima)
+                return
         self.factors[block].copy_(torch.tensor(exps, dtype=torch.float32).exp2())
         self._active[block] = True
         logger.warning("sglang-rq: layer %d stores K/V divided by 2^s per KV head (s: K %s, V %s) "

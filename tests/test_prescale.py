@@ -44,10 +44,28 @@ def test_prescaled_attention_equals_plain_attention():
     assert torch.equal(kr, k) and torch.equal(vr, v)
 
 
-def test_frozen_prescale_stays_unscaled():
-    ps = Prescale(num_blocks=1, num_kv_heads=1, device="cpu")
-    ps.freeze()
+def test_prescale_after_graph_capture_stops_the_graphs_first():
+    """A block that needs a factor after decode graphs were captured asks to turn graph replay off
+    (once), then scales as without graphs; blocks within range never ask."""
+    ps = Prescale(num_blocks=2, num_kv_heads=1, device="cpu")
+    reasons: list[str] = []
+    ps.graphs_captured(lambda why: reasons.append(why) or True)
+    small = torch.ones(2, 1, 64)  # norm 8: no factor
+    ps.calibrate(0, small, small)
+    assert reasons == []
+    k = torch.full((2, 1, 64), 1e3)  # norm 8e3 -> s = ceil(log2(8e3 / 112)) = 7
+    ps.calibrate(1, k, small)
+    assert len(reasons) == 1 and "layer 1" in reasons[0]
+    q = torch.ones(2, 1, 64)
+    assert ps.factors[1, 0, 0].item() == 128.0 and ps.apply(1, q, k, small)[3] is not None
+
+
+def test_prescale_stays_off_when_graphs_cannot_be_stopped():
+    ps = Prescale(num_blocks=2, num_kv_heads=1, device="cpu")
+    ps.graphs_captured(lambda why: False)
     k = torch.full((2, 1, 64), 1e3)
     ps.calibrate(0, k, k)
+    ps.calibrate(1, k, k)  # no block may scale while the unscaled graphs replay
     q = torch.ones(2, 1, 64)
-    assert ps.apply(0, q, k, k)[3] is None and ps.factors.eq(1).all()
+    assert ps.apply(0, q, k, k)[3] is None and ps.apply(1, q, k, k)[3] is None
+    assert ps.factors.eq(1).all()
