@@ -23,14 +23,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import DEV, FAMILIES, bench, pool, sdpa_time  # noqa: E402
 from benchmarks.common import bench_args, write_json  # noqa: E402
-from rq_kernels.commit import commit  # noqa: E402
+from rq_kernels.commit import CommitLaunch, commit  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
 
-VARIANTS = {  # the previous default, then knobs (H200 round 1: 572 -> 242 us for Ouro at 4k)
-    "div_rn_bt32_w4": dict(fast_div=False, hoist_rotation=False, block_t=32, num_warps=4),
-    "fast_bt32_w4": dict(hoist_rotation=False, block_t=32, num_warps=4),
-    "fast_hoist_bt32_w4": dict(block_t=32, num_warps=4),
-    "fast_bt64_w8": dict(hoist_rotation=False),
+VARIANTS = {  # CommitLaunch sweeps; the closed variants (IEEE division, per-loop rotation
+    # loads: 572 / 515 / 469 us against 242 us for Ouro at 4k) are in
+    # benchmarks/results/h200_2026-11-29_commit.json and git history
     "default": {},
     "bt128_w8": dict(block_t=128, num_warps=8),
     "bt64_w16": dict(block_t=64, num_warps=16),
@@ -62,7 +60,7 @@ def main() -> None:
             prefill = loops * (row["sdpa_causal_ms"] + row["gemms_ms"])
         row["prefill_ms"] = prefill
         for name, kw in VARIANTS.items():
-            ms = bench(lambda: commit(k, v, loc, view, **kw))  # noqa: B023
+            ms = bench(lambda: commit(k, v, loc, view, launch=CommitLaunch(**kw)))  # noqa: B023
             row[name] = dict(commit_ms=ms, over_prefill=ms / prefill)
         res["rows"].append(row)
         print(f"{fam:12s} prefill {prefill * 1e3:8.1f}us | " + " | ".join(

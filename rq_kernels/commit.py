@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -16,9 +17,18 @@ if TYPE_CHECKING:
     from rq_kernels.view import CompressedLayerView
 
 
+@dataclass(frozen=True)
+class CommitLaunch:
+    """Launch parameters of `commit`: ``block_t`` tokens per program, ``num_warps``. The
+    default won the H200 sweep (benchmarks/bench_commit.py; 128/16 was 10 % faster on Ouro and
+    18 % slower on SmolLM2)."""
+
+    block_t: int = 64
+    num_warps: int = 8
+
+
 def commit(k_loops: torch.Tensor, v_loops: torch.Tensor, loc: torch.Tensor,
-           view: CompressedLayerView, *, block_t: int = 64, num_warps: int = 8,
-           fast_div: bool = True, hoist_rotation: bool = True) -> None:
+           view: CompressedLayerView, *, launch: CommitLaunch = CommitLaunch()) -> None:
     """Compress every loop of ``num_tokens`` tokens and write them to pool rows ``loc``.
 
     Same signature and semantics as `sglang_rq.reference.commit_reference` (its twin). One
@@ -35,13 +45,8 @@ def commit(k_loops: torch.Tensor, v_loops: torch.Tensor, loc: torch.Tensor,
         The layer's `CompressedLayerView`; its ``codes/meta/coef[i]`` (``uint8 [rows, 2, H,
         code_bytes]``, ``uint8 [rows, 2, H, head_dim/group_size, 2]``, ``bf16 [rows, 2, H]``)
         are written in place; ``rotation`` ``[num_kv_heads, head_dim, head_dim]`` fp32 or None.
-
-    fast_div:
-        Divide by the group scales through their correctly rounded reciprocals with an FMA
-        correction (`rq_kernels.triton.commit._div_rn_by`): the same quotients as IEEE division,
-        fewer instructions. Off: ``tl.div_rn`` per element.
-    hoist_rotation:
-        Load a single-term rotation (Hadamard) once per program instead of once per loop.
+    launch:
+        `CommitLaunch` (tests and benchmarks only).
 
     Raises
     ------
@@ -84,6 +89,7 @@ def commit(k_loops: torch.Tensor, v_loops: torch.Tensor, loc: torch.Tensor,
                   ())
     s_meta = sum((strides3(m) for m in view.meta), ())
     s_coef = sum((strides3(f) for f in view.coef), ())
+    block_t = launch.block_t
     grid = (triton_cdiv(T, block_t), H, 2)
     interp = interpreting(rq_commit_kernel)
     rq_commit_kernel[grid](
@@ -95,7 +101,7 @@ def commit(k_loops: torch.Tensor, v_loops: torch.Tensor, loc: torch.Tensor,
         BITS=tuple(s.bits for s in view.segments), LSQ=cfg.lsq,
         HAS_ROT=view.rotation is not None, TERMS=nterms, D=D, DP=dp, G=cfg.group_size,
         NG=D // cfg.group_size, NGP=dp // cfg.group_size, BLOCK_T=block_t,
-        FAST_DIV=fast_div, HOIST_R=hoist_rotation and nterms == 1, INTERP=interp, num_warps=num_warps,
+        HOIST_R=nterms == 1, INTERP=interp, num_warps=launch.num_warps,
         enable_fp_fusion=False,
     )
 

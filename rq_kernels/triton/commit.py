@@ -37,20 +37,17 @@ def _div_rn_by(a, b, rcp, INTERP: tl.constexpr = False):
 
 @triton.jit
 def _quantize(x, LEVELS: tl.constexpr, BLOCK_T: tl.constexpr, NGP: tl.constexpr,
-              G: tl.constexpr, FAST_DIV: tl.constexpr, INTERP: tl.constexpr):
+              G: tl.constexpr, INTERP: tl.constexpr):
     """``x [BLOCK_T, NGP*G]`` fp32 -> codes (fp32, integer valued) ``[BLOCK_T, NGP*G]``, scale
-    and offset ``[BLOCK_T, NGP]`` (FP8-exact), as `reference.quantize_groups`. ``FAST_DIV``
-    divides by the scale through its reciprocal (`_div_rn_by`, same results)."""
+    and offset ``[BLOCK_T, NGP]`` (FP8-exact), as `reference.quantize_groups`. Divides by
+    the scale through its reciprocal (`_div_rn_by`: IEEE division's results, fewer instructions;
+    H200: commit 572 -> 515 us, docs/kernels_history.md)."""
     x3 = tl.reshape(x, [BLOCK_T, NGP, G])
     off = fp8_round(tl.min(x3, axis=2), DOWN=True)
     scale = fp8_round(tl.div_rn(tl.max(x3, axis=2) - off, LEVELS * 1.0), DOWN=False)
     safe = tl.where(scale > 0, scale, 1.0)
-    if FAST_DIV:
-        rcp = tl.div_rn(tl.full(safe.shape, 1.0, tl.float32), safe)
-        q = tl.floor(_div_rn_by(x3 - off[:, :, None], safe[:, :, None], rcp[:, :, None],
-                                 INTERP) + 0.5)
-    else:
-        q = tl.floor(tl.div_rn(x3 - off[:, :, None], safe[:, :, None]) + 0.5)
+    rcp = tl.div_rn(tl.full(safe.shape, 1.0, tl.float32), safe)
+    q = tl.floor(_div_rn_by(x3 - off[:, :, None], safe[:, :, None], rcp[:, :, None], INTERP) + 0.5)
     q = tl.minimum(tl.maximum(q, 0.0), LEVELS * 1.0)
     q = tl.where(scale[:, :, None] > 0, q, 0.0)
     return tl.reshape(q, [BLOCK_T, NGP * G]), scale, off
@@ -117,12 +114,12 @@ def _commit_anchor(X, Codes, SCodes, Meta, SMeta, kv, head, loc, tok, t_mask, s_
                    s_head, rot, s_rterm, s_rrow, alpha, rmat, A: tl.constexpr, BITS: tl.constexpr,
                    HAS_ROT: tl.constexpr, TERMS: tl.constexpr, D: tl.constexpr,
                    DP: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr,
-                   BLOCK_T: tl.constexpr, FAST_DIV: tl.constexpr, HOIST_R: tl.constexpr,
+                   BLOCK_T: tl.constexpr, HOIST_R: tl.constexpr,
                    INTERP: tl.constexpr):
     """Quantize and store anchor loop ``A``; returns the dequantized anchor ``[BLOCK_T, DP]``."""
     xa = _load_loop(X, A, s_loop, s_tok, s_head, head, tok, t_mask, rot, s_rterm, s_rrow, alpha,
                     rmat, D, DP, HAS_ROT, TERMS, HOIST_R, INTERP)
-    qa, sa, oa = _quantize(xa, (1 << BITS[A]) - 1, BLOCK_T, NGP, G, FAST_DIV, INTERP)
+    qa, sa, oa = _quantize(xa, (1 << BITS[A]) - 1, BLOCK_T, NGP, G, INTERP)
     _store_loop(qa, sa, oa, loc, t_mask,
                 Codes[A] + kv * SCodes[3 * A + 1] + head * SCodes[3 * A + 2], SCodes[3 * A],
                 Meta[A] + kv * SMeta[3 * A + 1] + head * SMeta[3 * A + 2], SMeta[3 * A],
@@ -136,7 +133,7 @@ def _commit_residual(X, Codes, SCodes, Meta, SMeta, Coef, SCoef, kv, head, loc, 
                      I: tl.constexpr, BITS: tl.constexpr, LSQ: tl.constexpr,
                      HAS_ROT: tl.constexpr, TERMS: tl.constexpr, D: tl.constexpr,
                      DP: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr,
-                     BLOCK_T: tl.constexpr, FAST_DIV: tl.constexpr, HOIST_R: tl.constexpr,
+                     BLOCK_T: tl.constexpr, HOIST_R: tl.constexpr,
                      INTERP: tl.constexpr):
     """LSQ coefficient, residual against ``ahat``, quantize and store loop ``I``."""
     xi = _load_loop(X, I, s_loop, s_tok, s_head, head, tok, t_mask, rot, s_rterm, s_rrow, alpha,
@@ -149,8 +146,7 @@ def _commit_residual(X, Codes, SCodes, Meta, SMeta, Coef, SCoef, kv, head, loc, 
     else:
         r = xi - ahat
     if BITS[I] > 0:
-        qr, sr, orr = _quantize(r, (1 << BITS[I]) - 1, BLOCK_T, NGP, G, FAST_DIV,
-                                 INTERP)
+        qr, sr, orr = _quantize(r, (1 << BITS[I]) - 1, BLOCK_T, NGP, G, INTERP)
         _store_loop(qr, sr, orr, loc, t_mask,
                     Codes[I] + kv * SCodes[3 * I + 1] + head * SCodes[3 * I + 2], SCodes[3 * I],
                     Meta[I] + kv * SMeta[3 * I + 1] + head * SMeta[3 * I + 2], SMeta[3 * I],
@@ -166,7 +162,7 @@ def rq_commit_kernel(
     NUM_LOOPS: tl.constexpr, GROUP_LEN: tl.constexpr, ANCHOR_POS: tl.constexpr,
     BITS: tl.constexpr, LSQ: tl.constexpr, HAS_ROT: tl.constexpr, TERMS: tl.constexpr,
     D: tl.constexpr, DP: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr,
-    BLOCK_T: tl.constexpr, FAST_DIV: tl.constexpr, HOIST_R: tl.constexpr, INTERP: tl.constexpr,
+    BLOCK_T: tl.constexpr, HOIST_R: tl.constexpr, INTERP: tl.constexpr,
 ):
     pid_t = tl.program_id(0)
     head = tl.program_id(1)
@@ -187,7 +183,7 @@ def rq_commit_kernel(
     for g0 in tl.static_range(0, NUM_LOOPS, GROUP_LEN):
         ahat = _commit_anchor(X, Codes, SCodes, Meta, SMeta, kv, head, loc, tok, t_mask, s_loop,
                               s_tok, s_head, rot, s_rterm, s_rrow, alpha, rmat, g0 + ANCHOR_POS,
-                              BITS, HAS_ROT, TERMS, D, DP, G, NG, NGP, BLOCK_T, FAST_DIV, HOIST_R,
+                              BITS, HAS_ROT, TERMS, D, DP, G, NG, NGP, BLOCK_T, HOIST_R,
                               INTERP)
         den = tl.maximum(tl.sum(ahat * ahat, axis=1), 1e-12)
         for j in tl.static_range(GROUP_LEN):
@@ -195,4 +191,4 @@ def rq_commit_kernel(
                 _commit_residual(X, Codes, SCodes, Meta, SMeta, Coef, SCoef, kv, head, loc, tok,
                                  t_mask, s_loop, s_tok, s_head, rot, s_rterm, s_rrow, alpha,
                                  rmat, ahat, den, g0 + j, BITS, LSQ, HAS_ROT, TERMS, D, DP, G,
-                                 NG, NGP, BLOCK_T, FAST_DIV, HOIST_R, INTERP)
+                                 NG, NGP, BLOCK_T, HOIST_R, INTERP)

@@ -23,6 +23,7 @@ import triton.language as tl
 from views import make_view
 
 from rq_kernels import commit, unsupported_reason
+from rq_kernels.commit import CommitLaunch
 from rq_kernels.triton.commit import _div_rn_by
 from rq_kernels.testing import loop_kv, random_orthogonal
 from sglang_rq.config import RQConfig
@@ -88,14 +89,14 @@ def test_commit_matches_reference(name, dim, loops, heads, tokens, cfg, rot, dev
     _compare(ours, ref, exact=True)
 
 
-@pytest.mark.parametrize("kw", [dict(hoist_rotation=True), dict(fast_div=False),
-                                dict(block_t=64, num_warps=8, hoist_rotation=True)],
-                         ids=["hoisted_rotation", "ieee_division", "block64_w8"])
-def test_commit_variants_match_reference(kw, device):
+@pytest.mark.parametrize("launch", [CommitLaunch(block_t=32, num_warps=4),
+                                    CommitLaunch(block_t=128, num_warps=16)],
+                         ids=["block32_w4", "block128_w16"])
+def test_commit_launches_match_reference(launch, device):
     """Launch variants give the reference's bytes (interpreter: exactly; GPU: the policy)."""
     tokens = 4099 if device == "cuda" else 37
     (ours, ref), loc, k, v = _pools(RQConfig(), 4, 2, 128, tokens, "cfg", device, seed=4)
-    commit(k, v, loc, ours, **kw)
+    commit(k, v, loc, ours, launch=launch)
     commit_reference(k, v, loc, ref)
     _compare(ours, ref, exact=device != "cuda")
 
