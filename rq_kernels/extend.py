@@ -43,7 +43,8 @@ def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
                      kv_indptr: torch.Tensor, kv_indices: torch.Tensor, *, sm_scale: float,
                      out: torch.Tensor | None = None, max_qo_len: int | None = None,
                      block_m: int = 128, block_n: int = 64, num_warps: int = 8,
-                     num_stages: int = 2, launch: ExtendLaunch | None = None) -> torch.Tensor:
+                     num_stages: int = 2, launch: ExtendLaunch | None = None,
+                     host_indptrs: tuple[list[int], list[int]] | None = None) -> torch.Tensor:
     """Extend attention of loop ``loop_id``: each request's compressed prefix, then its chunk.
 
     Parameters
@@ -75,6 +76,10 @@ def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
         Tiling of the fused kernel.
     launch:
         `ExtendLaunch`: which implementation runs (default: the fused kernel).
+    host_indptrs:
+        Optional ``(qo_indptr, kv_indptr)`` as host lists, equal to the tensors. The workspace
+        implementation needs the lengths on the host and otherwise reads them (one sync); with
+        them it never syncs (CUDA-graph capturable). The fused kernel ignores them.
 
     Returns
     -------
@@ -93,7 +98,8 @@ def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     """
     if launch is not None and launch.impl == "workspace":
         return extend_attention_workspace(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr,
-                                          kv_indices, sm_scale=sm_scale, out=out)
+                                          kv_indices, sm_scale=sm_scale, out=out,
+                                          host_indptrs=host_indptrs)
     require_kernel("extend_attention", unsupported_reason(view), rq_extend_kernel, q)
     out = check_extend_args(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr, kv_indices,
                             out)

@@ -15,7 +15,7 @@ way). Per call:
 
 LSEs are natural-log ``log sum exp(sm_scale q.k)`` (FlashAttention's convention). Rotations run
 in fp32. The host needs the lengths: one ``.tolist()`` of both indptrs per call (extend is never
-captured in a CUDA graph).
+captured in a CUDA graph), unless the caller passes them (``host_indptrs``).
 """
 
 from __future__ import annotations
@@ -72,13 +72,16 @@ def _merge_into(acc: torch.Tensor, acc_lse: torch.Tensor, o: torch.Tensor, lse: 
 def extend_attention_workspace(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
                                view: CompressedLayerView, loop_id: int, qo_indptr: torch.Tensor,
                                kv_indptr: torch.Tensor, kv_indices: torch.Tensor, *,
-                               sm_scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+                               sm_scale: float, out: torch.Tensor | None = None,
+                               host_indptrs: tuple[list[int], list[int]] | None = None
+                               ) -> torch.Tensor:
     """`rq_kernels.extend_attention` through the workspace (same arguments and result; see
     the module docstring). Served by ``extend_attention(..., launch=ExtendLaunch("workspace"))``.
 
     Note
     ----
-    Syncs once (host lengths). Memory beside the workspace: the rotated queries (bf16) and the
+    Syncs once for the host lengths unless ``host_indptrs`` gives them (then it is
+    CUDA-graph capturable: allocations come from the graph's pool). Memory beside the workspace: the rotated queries (bf16) and the
     prefix accumulator (fp32 ``[num_tokens, num_qo_heads, head_dim]`` plus its LSE). Raises
     ValueError where the reconstruct kernel cannot serve the view or the device.
     """
@@ -88,7 +91,11 @@ def extend_attention_workspace(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torc
     T, HQ, D = q.shape
     HKV = k_cur.shape[1]
     GQ = HQ // HKV
-    qp, kp = torch.stack([qo_indptr, kv_indptr]).tolist()  # the one host sync
+    if host_indptrs is None:
+        qp, kp = torch.stack([qo_indptr, kv_indptr]).tolist()  # the one host sync
+    else:
+        qp, kp = (list(x) for x in host_indptrs)
+        assert len(qp) == len(kp) == qo_indptr.shape[0], "host_indptrs vs qo_indptr length"
     B = len(qp) - 1
     if T == 0 or B == 0:
         return out

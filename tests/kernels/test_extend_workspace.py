@@ -21,7 +21,7 @@ from attn_cases import build
 from test_extend import GPU_CASES, _run
 
 import rq_kernels.extend_workspace as ew
-from rq_kernels.extend import ExtendLaunch
+from rq_kernels.extend import ExtendLaunch, extend_attention
 from rq_kernels.reconstruct import reconstruct_rows
 from sglang_rq.config import RQConfig
 from sglang_rq.reference import dequantize_rows_reference, reconstruct_rows_reference
@@ -138,3 +138,18 @@ def test_extend_workspace_real_size(name, cfg, loops, hkv, group, dim, prefix, c
     monkeypatch.setattr(ew, "WORKSPACE_TOKENS", slab)
     _run(cfg, loops, hkv, group, dim, prefix, chunks, rot, loop_ids, device, seed=51,
          launch=WS)
+
+
+def test_extend_workspace_host_indptrs(device):
+    """Host lengths given (no sync) or read from the tensors: the same output, bit for bit."""
+    view, kv_ind, idx, _ = build(RQConfig(), loops=2, num_kv_heads=1, group=2, dim=64,
+                                 lens=[17, 0, 5], rot="cfg", device=device, seed=5)
+    qp = [0, 3, 4, 19]
+    qo = torch.tensor(qp, dtype=torch.int32, device=device)
+    gen = torch.Generator().manual_seed(5)
+    q, kc, vc = (torch.randn(19, h, 64, generator=gen).to(torch.bfloat16).to(device)
+                 for h in (2, 1, 1))
+    a = extend_attention(q, kc, vc, view, 0, qo, kv_ind, idx, sm_scale=0.125, launch=WS)
+    b = extend_attention(q, kc, vc, view, 0, qo, kv_ind, idx, sm_scale=0.125, launch=WS,
+                         host_indptrs=(qp, kv_ind.tolist()))
+    assert torch.equal(a, b)
