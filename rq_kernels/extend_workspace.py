@@ -81,9 +81,10 @@ def extend_attention_workspace(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torc
     Note
     ----
     Syncs once for the host lengths unless ``host_indptrs`` gives them (then it is
-    CUDA-graph capturable: allocations come from the graph's pool). Memory beside the workspace: the rotated queries (bf16) and the
-    prefix accumulator (fp32 ``[num_tokens, num_qo_heads, head_dim]`` plus its LSE). Raises
-    ValueError where the reconstruct kernel cannot serve the view or the device.
+    CUDA-graph capturable: allocations come from the graph's pool). Memory beside the
+    workspace: the rotated queries (bf16), the prefix accumulator (fp32 ``[num_tokens,
+    num_qo_heads, head_dim]`` plus its LSE) and the chunk's output. Raises ValueError where the
+    reconstruct kernel cannot serve the view or the device.
     """
     require_kernel("extend_attention", unsupported_reason(view), rq_reconstruct_kernel, q)
     out = check_extend_args(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr, kv_indices,
