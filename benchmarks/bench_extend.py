@@ -1,13 +1,18 @@
-"""Extend (chunked-prefill) attention variants over a compressed prefix vs BF16 SDPA (one run).
+"""Extend (chunked-prefill) attention over a compressed prefix, both implementations, vs BF16
+SDPA (one run).
 
 ``python benchmarks/bench_extend.py --out DIR [--dry-run]``
 
 A chunk of ``chunk`` new tokens attends to a compressed prefix of ``prefix`` tokens plus itself
-(causal), for loop 0 (anchor + residual) and the last loop (anchor only), under each launch
-variant of `rq_kernels.extend.extend_attention` (``VARIANTS``). The baseline is PyTorch SDPA
-(FlashAttention) over BF16: the chunk against the whole prefix plus a causal SDPA over the chunk,
-the same work as ours split in two. CUDA-graph replay, `do_bench` median. Writes
-``DIR/bench_extend.json``.
+(causal), for loop 0 (anchor + residual) and the last loop (anchor only), under each arm of
+`rq_kernels.extend.extend_attention`: the fused kernel's launch variants (``VARIANTS``) and the
+workspace implementation (``ExtendLaunch("workspace")``, given the host indptrs so that it is
+graph-capturable like the rest; ``workspace_eager`` times it without them: one host sync per
+call, eager launches, as the serving backend calls it today). The baseline is PyTorch SDPA
+(FlashAttention) over BF16: the chunk against the whole prefix plus a causal SDPA over the
+chunk, the same work as ours split in two. The reconstruct kernel alone is timed too, with its
+achieved bandwidth on compressed bytes read plus bf16 bytes written. CUDA-graph replay,
+`do_bench` median. Writes ``DIR/bench_extend.json``.
 """
 
 from __future__ import annotations
@@ -22,9 +27,13 @@ if "--dry-run" in sys.argv:
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import triton  # noqa: E402
+
 from benchmarks.common import DEV, FAMILIES, bench, pool, sdpa_time  # noqa: E402
 from benchmarks.common import bench_args, write_json  # noqa: E402
-from rq_kernels.extend import extend_attention  # noqa: E402
+from rq_kernels.extend import ExtendLaunch, extend_attention  # noqa: E402
+from rq_kernels.extend_workspace import WORKSPACE_TOKENS  # noqa: E402
+from rq_kernels.reconstruct import reconstruct_rows  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
 
 VARIANTS = {  # (block_m, block_n, num_warps, num_stages)
@@ -34,13 +43,38 @@ VARIANTS = {  # (block_m, block_n, num_warps, num_stages)
     "m128_n64_w4_s2": dict(block_m=128, block_n=64, num_warps=4, num_stages=2),
     "m64_n32_w4_s3": dict(block_m=64, block_n=32, num_warps=4, num_stages=3),
 }
+WORKSPACE = ExtendLaunch(impl="workspace")
+
+
+def eager_ms(fn) -> float:
+    """Median ms of ``fn`` launched eagerly (host work and syncs included); CPU: one call."""
+    if DEV != "cuda":
+        return bench(fn)
+    fn()
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def reconstruct_bytes(view, loop_id: int, n: int) -> int:
+    """Bytes `reconstruct_rows` moves for ``n`` rows: the compressed codes, FP8 scale/offset and
+    ``c`` of the loop's anchor and own residual read, bf16 K and V written."""
+    seg = view.segments[loop_id]
+    hkv = view.codes[0].shape[2]
+    per = 0
+    for i in {seg.base, loop_id}:
+        if view.segments[i].bits:
+            per += view.segments[i].code_bytes
+            per += view.meta[i].shape[-2] * 2 if view.meta[i] is not None else 0
+    if seg.role != "anchor" and view.coef[loop_id] is not None:
+        per += 2
+    return n * 2 * hkv * (per + 2 * view.head_dim)
 
 
 def main() -> None:
     a = bench_args()
     shapes = [(4096, 4096), (16384, 2048)] if not a.dry_run else [(40, 24)]
     res = dict(gpu=torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu",
-               date=time.strftime("%Y-%m-%d"), variants=VARIANTS, rows=[])
+               date=time.strftime("%Y-%m-%d"), variants=VARIANTS,
+               workspace_tokens=WORKSPACE_TOKENS, rows=[])
     for fam, (hq, hkv, dim) in FAMILIES.items():
         for prefix, chunk in shapes:
             view = pool(RQConfig(), hkv, dim, prefix + 2)
@@ -57,19 +91,33 @@ def main() -> None:
             idx = torch.arange(prefix, device=DEV) + 1
             out = torch.empty_like(qx)
             row = dict(family=fam, prefix=prefix, chunk=chunk, sdpa_ms=sd)
-            for name, kw in VARIANTS.items():
-                t = {i: bench(lambda: extend_attention(  # noqa: B023
+            arms = {n: (bench, kw) for n, kw in VARIANTS.items()}
+            arms["workspace"] = (bench, dict(launch=WORKSPACE,
+                                             host_indptrs=([0, chunk], [0, prefix])))
+            arms["workspace_eager"] = (eager_ms, dict(launch=WORKSPACE))
+            for name, (timer, kw) in arms.items():
+                t = {i: timer(lambda: extend_attention(  # noqa: B023
                     qx, kx, kx, view, i, qo, kvi, idx, sm_scale=dim ** -0.5, out=out,  # noqa: B023
                     max_qo_len=chunk, **kw)) for i in (0, loops - 1)}  # noqa: B023
                 avg = ((loops - 1) * t[0] + t[loops - 1]) / loops
                 row[name] = dict(resid_ms=t[0], anchor_ms=t[loops - 1], avg_ms=avg,
                                  over_sdpa=avg / sd)
+            ws_k = torch.empty(prefix, hkv, dim, device=DEV, dtype=torch.bfloat16)
+            ws_v = torch.empty_like(ws_k)
+            for i, role in ((0, "resid"), (loops - 1, "anchor")):
+                ms = bench(lambda: reconstruct_rows(view, i, idx, ws_k, ws_v))  # noqa: B023
+                nbytes = reconstruct_bytes(view, i, prefix)
+                row[f"reconstruct_{role}"] = dict(ms=ms, bytes=nbytes, gb_s=nbytes / ms / 1e6)
             res["rows"].append(row)
             print(f"{fam:12s} prefix {prefix:6d} chunk {chunk:5d} sdpa {sd * 1e3:7.1f}us | "
                   + " | ".join(f"{n} {row[n]['avg_ms'] * 1e3:7.1f}us (x{row[n]['over_sdpa']:.2f})"
-                               for n in VARIANTS), flush=True)
+                               for n in arms)
+                  + " | reconstruct " + " ".join(
+                      f"{r} {row[f'reconstruct_{r}']['ms'] * 1e3:.1f}us "
+                      f"{row[f'reconstruct_{r}']['gb_s']:.0f}GB/s" for r in ("resid", "anchor")),
+                  flush=True)
             write_json(res, a.out, "bench_extend.json")
-            view = None  # free the pool (not `del`: the lambdas above close over it)
+            view = ws_k = ws_v = None  # free them (not `del`: the lambdas above close over them)
             if DEV == "cuda":
                 torch.cuda.empty_cache()
 

@@ -210,3 +210,33 @@ def check_decode_args(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
         out = torch.empty_like(q)
     assert out.shape == q.shape and out.dtype == q.dtype and out.stride(-1) == 1
     return out
+
+
+def check_extend_args(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
+                      view: CompressedLayerView, loop_id: int, qo_indptr: torch.Tensor,
+                      kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+                      out: torch.Tensor | None) -> torch.Tensor:
+    """Host-side checks shared by the extend implementations; returns ``out`` (allocated if
+    None)."""
+    T, HQ, D = q.shape
+    HKV = k_cur.shape[1]
+    B = qo_indptr.shape[0] - 1
+    dev = q.device
+    assert q.dtype == k_cur.dtype == v_cur.dtype == torch.bfloat16, "q/k_cur/v_cur must be bf16"
+    assert k_cur.shape == v_cur.shape == (T, HKV, D) and HQ % HKV == 0, (
+        f"q {tuple(q.shape)}, k_cur {tuple(k_cur.shape)}, v_cur {tuple(v_cur.shape)} mismatch")
+    assert D == view.head_dim and 0 <= loop_id < len(view.segments), "head_dim/loop_id vs view"
+    for name, t in (("q", q), ("k_cur", k_cur), ("v_cur", v_cur)):
+        assert t.device == dev and t.stride(-1) == 1, (
+            f"{name} must be on {dev}, last dim contiguous")
+    for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr)):
+        assert t.shape == (B + 1,) and t.dtype == torch.int32 and t.device == dev, (
+            f"{name} must be int32 [{B + 1}] on {dev}")
+        assert t.is_contiguous()
+    assert kv_indices.dim() == 1 and kv_indices.dtype == torch.int64, "kv_indices int64 [nnz]"
+    assert kv_indices.device == dev and kv_indices.is_contiguous()
+    check_view(view, dev)
+    if out is None:
+        out = torch.empty_like(q)
+    assert out.shape == q.shape and out.dtype == q.dtype and out.stride(-1) == 1
+    return out

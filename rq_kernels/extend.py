@@ -2,20 +2,40 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from rq_kernels._host import (
-    attention_loop_args, cdiv, check_view, interpreting, require_kernel, rotation_terms,
+    attention_loop_args, cdiv, check_extend_args, interpreting, require_kernel, rotation_terms,
     unsupported_reason,
 )
+from rq_kernels.extend_workspace import extend_attention_workspace
 from rq_kernels.triton.extend import rq_extend_kernel
 
 if TYPE_CHECKING:
     from rq_kernels.view import CompressedLayerView
 
 LOG2E = 1.4426950408889634
+IMPLS = ("fused", "workspace")
+
+
+@dataclass(frozen=True)
+class ExtendLaunch:
+    """Which implementation serves `extend_attention` (both until the H200 A/B decides,
+    docs/kernels.md).
+
+    ``impl``: ``"fused"`` (default; one Triton kernel, the prefix dequantized tile by tile in
+    registers) or ``"workspace"`` (the prefix reconstructed into a bounded bf16 workspace, stock
+    FlashAttention, log-sum-exp merge with the chunk: `rq_kernels.extend_workspace`).
+    """
+
+    impl: str = "fused"
+
+    def __post_init__(self) -> None:
+        if self.impl not in IMPLS:
+            raise ValueError(f"ExtendLaunch.impl must be one of {IMPLS}, got {self.impl!r}")
 
 
 def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
@@ -23,7 +43,8 @@ def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
                      kv_indptr: torch.Tensor, kv_indices: torch.Tensor, *, sm_scale: float,
                      out: torch.Tensor | None = None, max_qo_len: int | None = None,
                      block_m: int = 128, block_n: int = 64, num_warps: int = 8,
-                     num_stages: int = 2) -> torch.Tensor:
+                     num_stages: int = 2, launch: ExtendLaunch | None = None,
+                     host_indptrs: tuple[list[int], list[int]] | None = None) -> torch.Tensor:
     """Extend attention of loop ``loop_id``: each request's compressed prefix, then its chunk.
 
     Parameters
@@ -51,6 +72,14 @@ def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
         Optional ``[num_tokens, num_qo_heads, head_dim]`` output (q's dtype).
     max_qo_len:
         Longest chunk (host int); defaults to ``num_tokens`` (extra programs exit at once).
+    block_m, block_n, num_warps, num_stages:
+        Tiling of the fused kernel.
+    launch:
+        `ExtendLaunch`: which implementation runs (default: the fused kernel).
+    host_indptrs:
+        Optional ``(qo_indptr, kv_indptr)`` as host lists, equal to the tensors. The workspace
+        implementation needs the lengths on the host and otherwise reads them (one sync); with
+        them it never syncs (CUDA-graph capturable). The fused kernel ignores them.
 
     Returns
     -------
@@ -58,35 +87,26 @@ def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
 
     Note
     ----
-    One launch, grid ``(batch_size, num_qo_heads, cdiv(max_qo_len, block_m))``. The prefix is
+    Fused: one launch, grid ``(batch_size, num_qo_heads, cdiv(max_qo_len, block_m))``. The prefix is
     dequantized tile by tile in registers (never written to HBM) and attended in the rotated
     basis; the accumulator is un-rotated once before the chunk. Raises ValueError for a
     format outside `rq_kernels._host.unsupported_reason` or CPU tensors outside
     ``TRITON_INTERPRET=1`` (the caller runs the twin,
-    `sglang_rq.reference.extend_attention_reference`).
+    `sglang_rq.reference.extend_attention_reference`). Workspace: see
+    `rq_kernels.extend_workspace.extend_attention_workspace` (syncs once for the host lengths;
+    not CUDA-graph capturable, as extend never is).
     """
+    if launch is not None and launch.impl == "workspace":
+        return extend_attention_workspace(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr,
+                                          kv_indices, sm_scale=sm_scale, out=out,
+                                          host_indptrs=host_indptrs)
     require_kernel("extend_attention", unsupported_reason(view), rq_extend_kernel, q)
-    T, HQ, D = q.shape
+    out = check_extend_args(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr, kv_indices,
+                            out)
+    T, HQ, _ = q.shape
     HKV = k_cur.shape[1]
     B = qo_indptr.shape[0] - 1
     dev = q.device
-    assert q.dtype == k_cur.dtype == v_cur.dtype == torch.bfloat16, "q/k_cur/v_cur must be bf16"
-    assert k_cur.shape == v_cur.shape == (T, HKV, D) and HQ % HKV == 0, (
-        f"q {tuple(q.shape)}, k_cur {tuple(k_cur.shape)}, v_cur {tuple(v_cur.shape)} mismatch")
-    assert D == view.head_dim and 0 <= loop_id < len(view.segments), "head_dim/loop_id vs view"
-    for name, t in (("q", q), ("k_cur", k_cur), ("v_cur", v_cur)):
-        assert t.device == dev and t.stride(-1) == 1, (
-            f"{name} must be on {dev}, last dim contiguous")
-    for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr)):
-        assert t.shape == (B + 1,) and t.dtype == torch.int32 and t.device == dev, (
-            f"{name} must be int32 [{B + 1}] on {dev}")
-        assert t.is_contiguous()
-    assert kv_indices.dim() == 1 and kv_indices.dtype == torch.int64, "kv_indices int64 [nnz]"
-    assert kv_indices.device == dev and kv_indices.is_contiguous()
-    check_view(view, dev)
-    if out is None:
-        out = torch.empty_like(q)
-    assert out.shape == q.shape and out.dtype == q.dtype and out.stride(-1) == 1
     if T == 0 or B == 0:
         return out
     args, c = attention_loop_args(view, loop_id)

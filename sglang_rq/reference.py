@@ -317,6 +317,21 @@ def dequantize_rows_reference(view: CompressedLayerView, slots: torch.Tensor, lo
     return out[0], out[1]
 
 
+def reconstruct_rows_reference(view: CompressedLayerView, loop_id: int, rows: torch.Tensor,
+                               out_k: torch.Tensor, out_v: torch.Tensor
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Twin of `rq_kernels.reconstruct.reconstruct_rows`: loop ``loop_id`` at rows ``rows``
+    (``[n]`` int64) in the rotated basis, ``x̂ R`` (`decode` before its un-rotation), written
+    as bf16 into ``out_k``/``out_v`` ``[n, num_kv_heads, D]``; returns them."""
+    for kv, o in ((0, out_k), (1, out_v)):
+        x = _decode_work(gather_rows(view, rows, kv), loop_id, view.segments, view.cfg,
+                         view.rotation, view.head_dim)
+        if view.rotation is not None and not view.cfg.rotate_anchor:
+            x = _rotate(x, view.rotation)
+        o.copy_(x.to(torch.bfloat16))
+    return out_k, out_v
+
+
 # ----------------------------------------------------------------------------- attention twins
 def decode_attention_reference(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
                                view: CompressedLayerView, loop_id: int, kv_indptr: torch.Tensor,

@@ -1,0 +1,167 @@
+"""Extend attention through a bounded BF16 workspace (DESIGN.md section 4, "a first version").
+
+The standard alternative to the fused kernel (vLLM's MLA chunked-context prefill works this
+way). Per call:
+
+1. ``q' = q R`` per KV head, once, with the ``GQ`` query heads of a KV head laid on the
+   sequence axis (``[num_kv_heads, num_tokens * GQ, D]``, row ``t * GQ + g``): the prefix is
+   attended non-causally, so the rows need no mask and K/V are never expanded;
+2. the concatenated prefixes (``kv_indices``) in slabs of at most `WORKSPACE_TOKENS` rows:
+   `reconstruct_rows` writes a slab's K'/V' (rotated basis) into the workspace in one launch,
+   then every request that owns rows of the slab attends to its part with FlashAttention,
+   which returns its log-sum-exp; parts of one request merge by LSE;
+3. the prefix output is un-rotated once (``o' R^T``); each request's chunk attends to itself
+   causally (original basis; K/V expanded to the query heads for GQA); the two merge by LSE.
+
+LSEs are natural-log ``log sum exp(sm_scale q.k)`` (FlashAttention's convention). Rotations run
+in fp32. The host needs the lengths: one ``.tolist()`` of both indptrs per call (extend is never
+captured in a CUDA graph), unless the caller passes them (``host_indptrs``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import TYPE_CHECKING
+
+import torch
+
+from rq_kernels._host import check_extend_args, require_kernel, unsupported_reason
+from rq_kernels.reconstruct import reconstruct_rows
+from rq_kernels.triton.reconstruct import rq_reconstruct_kernel
+
+if TYPE_CHECKING:
+    from rq_kernels.view import CompressedLayerView
+
+# Prefix tokens reconstructed per slab. The workspace is WORKSPACE_TOKENS x num_kv_heads x
+# head_dim x 2 (K, V) bf16: 128 MiB for Ouro-1.4B (16 x 128), 24 MiB for SmolLM2 (3 x 64).
+# NOTE: tests monkeypatch it to exercise slab boundaries; it is not a launch parameter.
+WORKSPACE_TOKENS = 16384
+
+
+def _attend_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of ``q [1, H, Lq, D]`` over ``k/v [1, H, Lk, D]`` (bf16, same heads; causal
+    only with ``Lq == Lk``) -> out ``[1, H, Lq, D]`` bf16 and lse ``[1, H, Lq]`` fp32 (natural
+    log). CUDA: PyTorch's FlashAttention op; CPU (interpreter tests): the same maths in fp32
+    (unnormalised ``P`` rounded to q's dtype for ``P V``, as the flash kernel does)."""
+    if q.is_cuda:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(
+            q, k, v, 0.0, causal, False, scale=scale)[:2]
+        return out, lse
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [1, H, Lq, Lk]
+    if causal:
+        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    m = s.amax(dim=-1, keepdim=True)  # finite: every row sees a key
+    p = torch.exp(s - m)
+    den = p.sum(dim=-1, keepdim=True)
+    out = torch.matmul(p.to(q.dtype).float(), v.float()) / den  # P rounded as FlashAttention's
+    return out.to(q.dtype), (m + torch.log(den)).squeeze(-1)
+
+
+def _merge_into(acc: torch.Tensor, acc_lse: torch.Tensor, o: torch.Tensor, lse: torch.Tensor
+                ) -> None:
+    """``(acc, acc_lse) <- LSE merge of (acc, acc_lse) and (o, lse)``, in place: acc
+    ``[..., D]`` fp32, acc_lse ``[...]`` fp32 (``-inf`` where empty, acc 0 there)."""
+    new = torch.logaddexp(acc_lse, lse)
+    acc.mul_(torch.exp(acc_lse - new).unsqueeze(-1))
+    acc.add_(o.float() * torch.exp(lse - new).unsqueeze(-1))
+    acc_lse.copy_(new)
+
+
+def extend_attention_workspace(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
+                               view: CompressedLayerView, loop_id: int, qo_indptr: torch.Tensor,
+                               kv_indptr: torch.Tensor, kv_indices: torch.Tensor, *,
+                               sm_scale: float, out: torch.Tensor | None = None,
+                               host_indptrs: tuple[list[int], list[int]] | None = None
+                               ) -> torch.Tensor:
+    """`rq_kernels.extend_attention` through the workspace (same arguments and result; see
+    the module docstring). Served by ``extend_attention(..., launch=ExtendLaunch("workspace"))``.
+
+    Note
+    ----
+    Syncs once for the host lengths unless ``host_indptrs`` gives them (then it is
+    CUDA-graph capturable: allocations come from the graph's pool). Memory beside the
+    workspace: the rotated queries (bf16), the prefix accumulator (fp32 ``[num_tokens,
+    num_qo_heads, head_dim]`` plus its LSE) and the chunk's output. Raises ValueError where the
+    reconstruct kernel cannot serve the view or the device.
+    """
+    require_kernel("extend_attention", unsupported_reason(view), rq_reconstruct_kernel, q)
+    out = check_extend_args(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr, kv_indices,
+                            out)
+    T, HQ, D = q.shape
+    HKV = k_cur.shape[1]
+    GQ = HQ // HKV
+    if host_indptrs is None:
+        qp, kp = torch.stack([qo_indptr, kv_indptr]).tolist()  # the one host sync
+    else:
+        qp, kp = (list(x) for x in host_indptrs)
+        assert len(qp) == len(kp) == qo_indptr.shape[0], "host_indptrs vs qo_indptr length"
+    B = len(qp) - 1
+    if T == 0 or B == 0:
+        return out
+    lse_c = torch.empty(T, HQ, dtype=torch.float32, device=q.device)
+    o_c = torch.empty_like(q)
+    for b in range(B):  # each chunk over itself, causal, original basis: [1, Hq, m, D]
+        s, e = qp[b], qp[b + 1]
+        if s == e:
+            continue
+        kb, vb = k_cur[s:e], v_cur[s:e]
+        if GQ > 1:
+            kb, vb = kb.repeat_interleave(GQ, dim=1), vb.repeat_interleave(GQ, dim=1)
+        o, lse = _attend_with_lse(q[s:e].transpose(0, 1)[None], kb.transpose(0, 1)[None],
+                                  vb.transpose(0, 1)[None], causal=True, scale=sm_scale)
+        o_c[s:e] = o[0].transpose(0, 1)
+        lse_c[s:e] = lse[0].transpose(0, 1)
+    if kp[-1] == kp[0]:
+        out.copy_(o_c)
+        return out
+
+    acc, acc_lse = _prefix_attention(q, view, loop_id, qp, kp, kv_indices, sm_scale)
+    # acc [Hkv, T*GQ, D] fp32 original basis, acc_lse [Hkv, T*GQ] -> [T, Hq, ...]
+    acc = acc.view(HKV, T, GQ, D).permute(1, 0, 2, 3).reshape(T, HQ, D)
+    acc_lse = acc_lse.view(HKV, T, GQ).permute(1, 0, 2).reshape(T, HQ)
+    _merge_into(acc, acc_lse, o_c, lse_c)
+    out.copy_(acc)
+    return out
+
+
+def _prefix_attention(q: torch.Tensor, view: CompressedLayerView, loop_id: int, qp: list[int],
+                      kp: list[int], kv_indices: torch.Tensor, sm_scale: float
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every request's chunk over its compressed prefix, slab by slab: output ``[Hkv, T*GQ, D]``
+    fp32 in the original basis and LSE ``[Hkv, T*GQ]`` (``-inf``, output 0: no prefix)."""
+    T, HQ, D = q.shape
+    HKV = view.codes[0].shape[2]
+    GQ = HQ // HKV
+    rot = view.rotation
+    qh = q.view(T, HKV, GQ, D).permute(1, 0, 2, 3).reshape(HKV, T * GQ, D)  # row t*GQ + g
+    if rot is not None:
+        qh = torch.bmm(qh.float(), rot.float()).to(torch.bfloat16)  # q' = q R
+    acc = torch.zeros(HKV, T * GQ, D, dtype=torch.float32, device=q.device)
+    acc_lse = torch.full((HKV, T * GQ), float("-inf"), dtype=torch.float32, device=q.device)
+    first = [True] * (len(qp) - 1)
+    slab = min(WORKSPACE_TOKENS, kp[-1] - kp[0])
+    ws_k = torch.empty(slab, HKV, D, dtype=torch.bfloat16, device=q.device)
+    ws_v = torch.empty_like(ws_k)
+    for lo in range(kp[0], kp[-1], slab):
+        hi = min(lo + slab, kp[-1])
+        reconstruct_rows(view, loop_id, kv_indices[lo:hi], ws_k[:hi - lo], ws_v[:hi - lo])
+        b = bisect.bisect_right(kp, lo) - 1  # first request owning row lo
+        while b < len(qp) - 1 and kp[b] < hi:
+            a0, a1 = max(lo, kp[b]), min(hi, kp[b + 1])
+            s, e = qp[b] * GQ, qp[b + 1] * GQ
+            if a0 < a1 and s < e:
+                o, lse = _attend_with_lse(  # [1, Hkv, (e-s), D]: the chunk x GQ on the seq axis
+                    qh[None, :, s:e], ws_k[None, a0 - lo:a1 - lo].transpose(1, 2),
+                    ws_v[None, a0 - lo:a1 - lo].transpose(1, 2), causal=False, scale=sm_scale)
+                if first[b]:
+                    acc[:, s:e] = o[0]
+                    acc_lse[:, s:e] = lse[0]
+                    first[b] = False
+                else:
+                    _merge_into(acc[:, s:e], acc_lse[:, s:e], o[0], lse[0])
+            b += 1
+    if rot is not None:
+        acc = torch.bmm(acc, rot.float().transpose(1, 2))  # o = o' R^T
+    return acc, acc_lse
