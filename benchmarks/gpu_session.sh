@@ -3,7 +3,8 @@
 # network and a per-session time budget, so one script does it all and writes under $OUT).
 #
 #   benchmarks/gpu_session.sh STEP...
-#   steps: doctor gpuserver kernels ops serving-card serving-budget tp2
+#   steps: doctor gpuserver gputests kernels bench-extend bench-decode ops serving-card
+#          serving-budget tp2
 #
 # Env: BUNDLE (default .gpu-bundle/sglang-rq-bundle.tar.xz, from `sglang-rq bundle`), SITE (where
 # it is unpacked, default /tmp/rq-site), OUT (results, default /tmp/rq-out), DATA (held-out text,
@@ -30,8 +31,14 @@ for step in "$@"; do
     gpuserver)
       timeout 330 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu_server.py \
         -k "${TESTS_K:-not nothing}" 2>&1 | tee "$OUT/gpuserver.txt" | tail -30 ;;
+    gputests)
+      timeout 500 python3 -m pytest -q -rs -s -p no:cacheprovider tests/gpu/test_gpu_prescale.py \
+        tests/gpu/test_gpu_huginn.py 2>&1 | tee "$OUT/gputests.txt" | tail -30 ;;
+    bench-extend|bench-decode|bench-commit)
+      timeout 300 python3 "benchmarks/bench_${step#bench-}.py" --out "$OUT" 2>&1 \
+        | tee "$OUT/$step.txt" | tail -30 ;;
     kernels)
-      timeout 240 python3 -m pytest -q -rs -p no:cacheprovider -x tests/kernels 2>&1 \
+      timeout 360 python3 -m pytest -q -rs -p no:cacheprovider -x tests/kernels 2>&1 \
         | tee "$OUT/kernels.txt" | tail -20 ;;
     ops)
       timeout 100 python3 benchmarks/bench_portable_ops.py --out "$OUT" 2>&1 | tail -30 ;;
