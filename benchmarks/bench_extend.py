@@ -1,18 +1,17 @@
-"""Extend (chunked-prefill) attention over a compressed prefix, both implementations, vs BF16
-SDPA (one run).
+"""Extend (chunked-prefill) attention over a compressed prefix vs BF16 SDPA (one run).
 
 ``python benchmarks/bench_extend.py --out DIR [--dry-run]``
 
 A chunk of ``chunk`` new tokens attends to a compressed prefix of ``prefix`` tokens plus itself
-(causal), for loop 0 (anchor + residual) and the last loop (anchor only), under each arm of
-`rq_kernels.extend.extend_attention`: the fused kernel's launch variants (``VARIANTS``) and the
-workspace implementation (``ExtendLaunch("workspace")``, given the host indptrs so that it is
-graph-capturable like the rest; ``workspace_eager`` times it without them: one host sync per
-call, eager launches, as the serving backend calls it today). The baseline is PyTorch SDPA
+(causal), for loop 0 (anchor + residual) and the last loop (anchor only), through
+`rq_kernels.extend.extend_attention`: ``workspace`` given the host indptrs (as the serving
+backends call it: no sync, graph-replayed here like the baseline) and ``workspace_eager``
+without them (one host sync per call, eager launches). The baseline is PyTorch SDPA
 (FlashAttention) over BF16: the chunk against the whole prefix plus a causal SDPA over the
 chunk, the same work as ours split in two. The reconstruct kernel alone is timed too, with its
-achieved bandwidth on compressed bytes read plus bf16 bytes written. CUDA-graph replay,
-`do_bench` median. Writes ``DIR/bench_extend.json``.
+achieved bandwidth on compressed bytes read plus bf16 bytes written. `do_bench` median. Writes
+``DIR/bench_extend.json``. The fused kernel this replaced (1.94-3.3x SDPA) was last measured in
+benchmarks/results/h200_2026-12-01_extend.json.
 """
 
 from __future__ import annotations
@@ -31,20 +30,9 @@ import triton  # noqa: E402
 
 from benchmarks.common import DEV, FAMILIES, bench, pool, sdpa_time  # noqa: E402
 from benchmarks.common import bench_args, write_json  # noqa: E402
-from rq_kernels.extend import ExtendLaunch, extend_attention  # noqa: E402
-from rq_kernels.extend_workspace import WORKSPACE_TOKENS  # noqa: E402
+from rq_kernels.extend import WORKSPACE_TOKENS, extend_attention  # noqa: E402
 from rq_kernels.reconstruct import reconstruct_rows  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
-
-VARIANTS = {  # (block_m, block_n, num_warps, num_stages)
-    "m64_n64_w4_s2": dict(block_m=64, block_n=64, num_warps=4, num_stages=2),
-    "m128_n64_w8_s2": dict(block_m=128, block_n=64, num_warps=8, num_stages=2),
-    "m128_n32_w8_s2": dict(block_m=128, block_n=32, num_warps=8, num_stages=2),
-    "m128_n64_w4_s2": dict(block_m=128, block_n=64, num_warps=4, num_stages=2),
-    "m64_n32_w4_s3": dict(block_m=64, block_n=32, num_warps=4, num_stages=3),
-}
-WORKSPACE = ExtendLaunch(impl="workspace")
-
 
 def eager_ms(fn) -> float:
     """Median ms of ``fn`` launched eagerly (host work and syncs included); CPU: one call."""
@@ -73,7 +61,7 @@ def main() -> None:
     a = bench_args()
     shapes = [(4096, 4096), (16384, 2048)] if not a.dry_run else [(40, 24)]
     res = dict(gpu=torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu",
-               date=time.strftime("%Y-%m-%d"), variants=VARIANTS,
+               date=time.strftime("%Y-%m-%d"),
                workspace_tokens=WORKSPACE_TOKENS, rows=[])
     for fam, (hq, hkv, dim) in FAMILIES.items():
         for prefix, chunk in shapes:
@@ -91,14 +79,12 @@ def main() -> None:
             idx = torch.arange(prefix, device=DEV) + 1
             out = torch.empty_like(qx)
             row = dict(family=fam, prefix=prefix, chunk=chunk, sdpa_ms=sd)
-            arms = {n: (bench, kw) for n, kw in VARIANTS.items()}
-            arms["workspace"] = (bench, dict(launch=WORKSPACE,
-                                             host_indptrs=([0, chunk], [0, prefix])))
-            arms["workspace_eager"] = (eager_ms, dict(launch=WORKSPACE))
+            arms = {"workspace": (bench, dict(host_indptrs=([0, chunk], [0, prefix]))),
+                    "workspace_eager": (eager_ms, {})}
             for name, (timer, kw) in arms.items():
                 t = {i: timer(lambda: extend_attention(  # noqa: B023
                     qx, kx, kx, view, i, qo, kvi, idx, sm_scale=dim ** -0.5, out=out,  # noqa: B023
-                    max_qo_len=chunk, **kw)) for i in (0, loops - 1)}  # noqa: B023
+                    **kw)) for i in (0, loops - 1)}  # noqa: B023
                 avg = ((loops - 1) * t[0] + t[loops - 1]) / loops
                 row[name] = dict(resid_ms=t[0], anchor_ms=t[loops - 1], avg_ms=avg,
                                  over_sdpa=avg / sd)

@@ -116,12 +116,11 @@ def capture(cases: list[str]) -> list[dict]:
                 label["path"] = f"decode_{kernel}_{role}"
                 decode_attention(q, kc, kc, view, loop, ind, idx, sm_scale=dim ** -0.5,
                                  launch=DecodeLaunch(split_kernel=kernel))
-            label["path"] = f"extend_{role}"
+            label["path"] = f"extend_reconstruct_{role}"  # extend's one Triton kernel
             qx = torch.zeros(b * 8, hq, dim, dtype=torch.bfloat16)
             kx = torch.zeros(b * 8, hkv, dim, dtype=torch.bfloat16)
             qo = torch.arange(b + 1, dtype=torch.int32) * 8
-            extend_attention(qx, kx, kx, view, loop, qo, ind, idx, sm_scale=dim ** -0.5,
-                             max_qo_len=8)
+            extend_attention(qx, kx, kx, view, loop, qo, ind, idx, sm_scale=dim ** -0.5)
     return records
 
 

@@ -1,51 +1,84 @@
-"""Launcher of extend (prefill) attention: compressed prefix + causal BF16 chunk."""
+"""Extend (prefill) attention over a compressed prefix, through a bounded BF16 workspace.
+
+DESIGN.md section 4 allows it ("a first version may dequantize the prefix into a workspace and
+run a stock kernel"); vLLM's MLA chunked-context prefill works the same way. It replaced a fused
+Triton kernel (prefix dequantized tile by tile in registers, Ampere-style MMAs) that took
+1.94-3.3x the time of FlashAttention on the H200, against 1.19-1.51x for this path
+(benchmarks/bench_extend.py, docs/kernels.md; the fused kernel is in git history). Per call:
+
+1. ``q' = q R`` per KV head, once, with the ``GQ`` query heads of a KV head laid on the
+   sequence axis (``[num_kv_heads, num_tokens * GQ, D]``, row ``t * GQ + g``): the prefix is
+   attended non-causally, so the rows need no mask and K/V are never expanded;
+2. the concatenated prefixes (``kv_indices``) in slabs of at most `WORKSPACE_TOKENS` rows:
+   `reconstruct_rows` writes a slab's K'/V' (rotated basis) into the workspace in one launch,
+   then every request that owns rows of the slab attends to its part with FlashAttention,
+   which returns its log-sum-exp; parts of one request merge by LSE;
+3. the prefix output is un-rotated once (``o' R^T``); each request's chunk attends to itself
+   causally (original basis; K/V expanded to the query heads for GQA); the two merge by LSE.
+
+LSEs are natural-log ``log sum exp(sm_scale q.k)`` (FlashAttention's convention). Rotations run
+in fp32. The host needs the lengths: one ``.tolist()`` of both indptrs per call (extend is never
+captured in a CUDA graph), unless the caller passes them (``host_indptrs``).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bisect
 from typing import TYPE_CHECKING
 
 import torch
 
-from rq_kernels._host import (
-    attention_loop_args, cdiv, check_extend_args, interpreting, require_kernel, rotation_terms,
-    unsupported_reason,
-)
-from rq_kernels.extend_workspace import extend_attention_workspace
-from rq_kernels.triton.extend import rq_extend_kernel
+from rq_kernels._host import check_extend_args, require_kernel, unsupported_reason
+from rq_kernels.reconstruct import reconstruct_rows
+from rq_kernels.triton.reconstruct import rq_reconstruct_kernel
 
 if TYPE_CHECKING:
     from rq_kernels.view import CompressedLayerView
 
-LOG2E = 1.4426950408889634
-IMPLS = ("fused", "workspace")
+# Prefix tokens reconstructed per slab. The workspace is WORKSPACE_TOKENS x num_kv_heads x
+# head_dim x 2 (K, V) bf16: 128 MiB for Ouro-1.4B (16 x 128), 24 MiB for SmolLM2 (3 x 64).
+# NOTE: tests monkeypatch it to exercise slab boundaries; it is not a launch parameter.
+WORKSPACE_TOKENS = 16384
 
 
-@dataclass(frozen=True)
-class ExtendLaunch:
-    """Which implementation serves `extend_attention` (both until the H200 A/B decides,
-    docs/kernels.md).
+def _attend_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of ``q [1, H, Lq, D]`` over ``k/v [1, H, Lk, D]`` (bf16, same heads; causal
+    only with ``Lq == Lk``) -> out ``[1, H, Lq, D]`` bf16 and lse ``[1, H, Lq]`` fp32 (natural
+    log). CUDA: PyTorch's FlashAttention op; CPU (interpreter tests): the same maths in fp32
+    (unnormalised ``P`` rounded to q's dtype for ``P V``, as the flash kernel does)."""
+    if q.is_cuda:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(
+            q, k, v, 0.0, causal, False, scale=scale)[:2]
+        return out, lse
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [1, H, Lq, Lk]
+    if causal:
+        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    m = s.amax(dim=-1, keepdim=True)  # finite: every row sees a key
+    p = torch.exp(s - m)
+    den = p.sum(dim=-1, keepdim=True)
+    out = torch.matmul(p.to(q.dtype).float(), v.float()) / den  # P rounded as FlashAttention's
+    return out.to(q.dtype), (m + torch.log(den)).squeeze(-1)
 
-    ``impl``: ``"fused"`` (default; one Triton kernel, the prefix dequantized tile by tile in
-    registers) or ``"workspace"`` (the prefix reconstructed into a bounded bf16 workspace, stock
-    FlashAttention, log-sum-exp merge with the chunk: `rq_kernels.extend_workspace`).
-    """
 
-    impl: str = "fused"
-
-    def __post_init__(self) -> None:
-        if self.impl not in IMPLS:
-            raise ValueError(f"ExtendLaunch.impl must be one of {IMPLS}, got {self.impl!r}")
+def _merge_into(acc: torch.Tensor, acc_lse: torch.Tensor, o: torch.Tensor, lse: torch.Tensor
+                ) -> None:
+    """``(acc, acc_lse) <- LSE merge of (acc, acc_lse) and (o, lse)``, in place: acc
+    ``[..., D]`` fp32, acc_lse ``[...]`` fp32 (``-inf`` where empty, acc 0 there)."""
+    new = torch.logaddexp(acc_lse, lse)
+    acc.mul_(torch.exp(acc_lse - new).unsqueeze(-1))
+    acc.add_(o.float() * torch.exp(lse - new).unsqueeze(-1))
+    acc_lse.copy_(new)
 
 
 def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
                      view: CompressedLayerView, loop_id: int, qo_indptr: torch.Tensor,
                      kv_indptr: torch.Tensor, kv_indices: torch.Tensor, *, sm_scale: float,
-                     out: torch.Tensor | None = None, max_qo_len: int | None = None,
-                     block_m: int = 128, block_n: int = 64, num_warps: int = 8,
-                     num_stages: int = 2, launch: ExtendLaunch | None = None,
+                     out: torch.Tensor | None = None,
                      host_indptrs: tuple[list[int], list[int]] | None = None) -> torch.Tensor:
-    """Extend attention of loop ``loop_id``: each request's compressed prefix, then its chunk.
+    """Extend attention of loop ``loop_id``: each request's compressed prefix, then its chunk
+    (the module docstring says how).
 
     Parameters
     ----------
@@ -70,55 +103,103 @@ def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
         Softmax scale.
     out:
         Optional ``[num_tokens, num_qo_heads, head_dim]`` output (q's dtype).
-    max_qo_len:
-        Longest chunk (host int); defaults to ``num_tokens`` (extra programs exit at once).
-    block_m, block_n, num_warps, num_stages:
-        Tiling of the fused kernel.
-    launch:
-        `ExtendLaunch`: which implementation runs (default: the fused kernel).
     host_indptrs:
-        Optional ``(qo_indptr, kv_indptr)`` as host lists, equal to the tensors. The workspace
-        implementation needs the lengths on the host and otherwise reads them (one sync); with
-        them it never syncs (CUDA-graph capturable). The fused kernel ignores them.
+        Optional ``(qo_indptr, kv_indptr)`` as host lists, equal to the tensors (the serving
+        backend has them from SGLang's host lengths). Without them the lengths are read with
+        one host sync per call; with them the call never syncs (CUDA-graph capturable).
 
     Returns
     -------
     ``[num_tokens, num_qo_heads, head_dim]``, original basis, q's dtype.
 
+    Raises
+    ------
+    ValueError
+        For a format outside `rq_kernels._host.unsupported_reason` or CPU tensors outside
+        ``TRITON_INTERPRET=1`` (the caller runs the twin,
+        `sglang_rq.reference.extend_attention_reference`).
+
     Note
     ----
-    Fused: one launch, grid ``(batch_size, num_qo_heads, cdiv(max_qo_len, block_m))``. The prefix is
-    dequantized tile by tile in registers (never written to HBM) and attended in the rotated
-    basis; the accumulator is un-rotated once before the chunk. Raises ValueError for a
-    format outside `rq_kernels._host.unsupported_reason` or CPU tensors outside
-    ``TRITON_INTERPRET=1`` (the caller runs the twin,
-    `sglang_rq.reference.extend_attention_reference`). Workspace: see
-    `rq_kernels.extend_workspace.extend_attention_workspace` (syncs once for the host lengths;
-    not CUDA-graph capturable, as extend never is).
+    Memory beside the workspace: the rotated queries (bf16), the prefix accumulator (fp32
+    ``[num_tokens, num_qo_heads, head_dim]`` plus its LSE) and the chunk's output.
     """
-    if launch is not None and launch.impl == "workspace":
-        return extend_attention_workspace(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr,
-                                          kv_indices, sm_scale=sm_scale, out=out,
-                                          host_indptrs=host_indptrs)
-    require_kernel("extend_attention", unsupported_reason(view), rq_extend_kernel, q)
+    require_kernel("extend_attention", unsupported_reason(view), rq_reconstruct_kernel, q)
     out = check_extend_args(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr, kv_indices,
                             out)
-    T, HQ, _ = q.shape
+    T, HQ, D = q.shape
     HKV = k_cur.shape[1]
-    B = qo_indptr.shape[0] - 1
-    dev = q.device
+    GQ = HQ // HKV
+    if host_indptrs is None:
+        qp, kp = torch.stack([qo_indptr, kv_indptr]).tolist()  # the one host sync
+    else:
+        qp, kp = (list(x) for x in host_indptrs)
+        assert len(qp) == len(kp) == qo_indptr.shape[0], "host_indptrs vs qo_indptr length"
+    B = len(qp) - 1
     if T == 0 or B == 0:
         return out
-    args, c = attention_loop_args(view, loop_id)
-    dp = c["DP"]
-    terms, alpha, nterms = rotation_terms(view, dp, dev)
-    rot = (terms, terms.stride(0) if terms.dim() == 4 else 0,
-           terms.stride(1) if terms.dim() == 4 else 0, dp, alpha)
-    grid = (B, HQ, cdiv(max_qo_len or T, block_m))
-    rq_extend_kernel[grid](
-        q, q.stride(0), q.stride(1), k_cur, k_cur.stride(0), k_cur.stride(1),
-        v_cur, v_cur.stride(0), v_cur.stride(1), qo_indptr, kv_indptr, kv_indices, *args, *rot,
-        out, out.stride(0), out.stride(1), sm_scale * LOG2E, GQ=HQ // HKV,
-        HAS_ROT=view.rotation is not None, TERMS=nterms, BLOCK_M=block_m, BLOCK_N=block_n,
-        INTERP=interpreting(rq_extend_kernel), num_warps=num_warps, num_stages=num_stages, **c)
+    lse_c = torch.empty(T, HQ, dtype=torch.float32, device=q.device)
+    o_c = torch.empty_like(q)
+    for b in range(B):  # each chunk over itself, causal, original basis: [1, Hq, m, D]
+        s, e = qp[b], qp[b + 1]
+        if s == e:
+            continue
+        kb, vb = k_cur[s:e], v_cur[s:e]
+        if GQ > 1:
+            kb, vb = kb.repeat_interleave(GQ, dim=1), vb.repeat_interleave(GQ, dim=1)
+        o, lse = _attend_with_lse(q[s:e].transpose(0, 1)[None], kb.transpose(0, 1)[None],
+                                  vb.transpose(0, 1)[None], causal=True, scale=sm_scale)
+        o_c[s:e] = o[0].transpose(0, 1)
+        lse_c[s:e] = lse[0].transpose(0, 1)
+    if kp[-1] == kp[0]:
+        out.copy_(o_c)
+        return out
+
+    acc, acc_lse = _prefix_attention(q, view, loop_id, qp, kp, kv_indices, sm_scale)
+    # acc [Hkv, T*GQ, D] fp32 original basis, acc_lse [Hkv, T*GQ] -> [T, Hq, ...]
+    acc = acc.view(HKV, T, GQ, D).permute(1, 0, 2, 3).reshape(T, HQ, D)
+    acc_lse = acc_lse.view(HKV, T, GQ).permute(1, 0, 2).reshape(T, HQ)
+    _merge_into(acc, acc_lse, o_c, lse_c)
+    out.copy_(acc)
     return out
+
+
+def _prefix_attention(q: torch.Tensor, view: CompressedLayerView, loop_id: int, qp: list[int],
+                      kp: list[int], kv_indices: torch.Tensor, sm_scale: float
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every request's chunk over its compressed prefix, slab by slab: output ``[Hkv, T*GQ, D]``
+    fp32 in the original basis and LSE ``[Hkv, T*GQ]`` (``-inf``, output 0: no prefix)."""
+    T, HQ, D = q.shape
+    HKV = view.codes[0].shape[2]
+    GQ = HQ // HKV
+    rot = view.rotation
+    qh = q.view(T, HKV, GQ, D).permute(1, 0, 2, 3).reshape(HKV, T * GQ, D)  # row t*GQ + g
+    if rot is not None:
+        qh = torch.bmm(qh.float(), rot.float()).to(torch.bfloat16)  # q' = q R
+    acc = torch.zeros(HKV, T * GQ, D, dtype=torch.float32, device=q.device)
+    acc_lse = torch.full((HKV, T * GQ), float("-inf"), dtype=torch.float32, device=q.device)
+    first = [True] * (len(qp) - 1)
+    slab = min(WORKSPACE_TOKENS, kp[-1] - kp[0])
+    ws_k = torch.empty(slab, HKV, D, dtype=torch.bfloat16, device=q.device)
+    ws_v = torch.empty_like(ws_k)
+    for lo in range(kp[0], kp[-1], slab):
+        hi = min(lo + slab, kp[-1])
+        reconstruct_rows(view, loop_id, kv_indices[lo:hi], ws_k[:hi - lo], ws_v[:hi - lo])
+        b = bisect.bisect_right(kp, lo) - 1  # first request owning row lo
+        while b < len(qp) - 1 and kp[b] < hi:
+            a0, a1 = max(lo, kp[b]), min(hi, kp[b + 1])
+            s, e = qp[b] * GQ, qp[b + 1] * GQ
+            if a0 < a1 and s < e:
+                o, lse = _attend_with_lse(  # [1, Hkv, (e-s), D]: the chunk x GQ on the seq axis
+                    qh[None, :, s:e], ws_k[None, a0 - lo:a1 - lo].transpose(1, 2),
+                    ws_v[None, a0 - lo:a1 - lo].transpose(1, 2), causal=False, scale=sm_scale)
+                if first[b]:
+                    acc[:, s:e] = o[0]
+                    acc_lse[:, s:e] = lse[0]
+                    first[b] = False
+                else:
+                    _merge_into(acc[:, s:e], acc_lse[:, s:e], o[0], lse[0])
+            b += 1
+    if rot is not None:
+        acc = torch.bmm(acc, rot.float().transpose(1, 2))  # o = o' R^T
+    return acc, acc_lse

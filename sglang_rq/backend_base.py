@@ -35,12 +35,13 @@ class RQForwardMetadata:
 
     ``qo_indptr``/``kv_indptr`` ``[batch_size + 1]`` (int32 on CUDA, int64 on CPU): request b's
     query rows and its history rows ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]`` (int64 pool rows,
-    the in-flight tokens excluded); ``max_qo_len``: the longest chunk (host int)."""
+    the in-flight tokens excluded); ``host_indptrs``: the same two indptrs as host lists
+    (extend forwards; None for decode, whose calls are CUDA-graph recorded)."""
 
     qo_indptr: torch.Tensor
     kv_indptr: torch.Tensor
     kv_indices: torch.Tensor
-    max_qo_len: int
+    host_indptrs: tuple[list[int], list[int]] | None
 
     def __post_init__(self) -> None:
         dev = self.kv_indices.device
@@ -144,7 +145,7 @@ class RQAttnBackend(TorchNativeAttnBackend):
         else:
             out = target.paths.extend.fn(q3, k3, v3, target.view, target.pos, md.qo_indptr,
                                          md.kv_indptr, md.kv_indices, sm_scale=layer.scaling,
-                                         max_qo_len=md.max_qo_len)
+                                         host_indptrs=md.host_indptrs)
         if out_factor is not None:
             out = out.view(-1, hq, d) * out_factor
         self._count_nonfinite_once(out, layer.layer_id)

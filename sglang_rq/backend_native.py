@@ -40,9 +40,8 @@ class RQNativeAttnBackend(RQAttnBackend):
         kv_indices = (torch.cat(slots).to(torch.int64) if slots
                       else torch.empty(0, dtype=torch.int64))
 
-        def indptr(lens: list[int]) -> torch.Tensor:
-            return torch.tensor([0, *itertools.accumulate(int(n) for n in lens)],
-                                dtype=torch.int64, device=kv_indices.device)
-
-        return RQForwardMetadata(qo_indptr=indptr(extend_lens), kv_indptr=indptr(prefix_lens),
-                                 kv_indices=kv_indices, max_qo_len=max(extend_lens, default=1))
+        qp, kp = ([0, *itertools.accumulate(int(n) for n in lens)]
+                  for lens in (extend_lens, prefix_lens))
+        return RQForwardMetadata(qo_indptr=torch.tensor(qp, dtype=torch.int64),
+                                 kv_indptr=torch.tensor(kp, dtype=torch.int64),
+                                 kv_indices=kv_indices, host_indptrs=(qp, kp))

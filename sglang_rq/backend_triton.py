@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import itertools
 import logging
 
 import torch
@@ -64,13 +65,14 @@ class RQTritonAttnBackend(RQAttnBackend):
         if forward_batch.forward_mode.is_decode_or_idle():
             hist = forward_batch.seq_lens.to(torch.int64) - 1
             qo = torch.ones_like(hist)
-            max_qo = 1
+            host = None
             nnz = int(forward_batch.seq_lens_sum) - forward_batch.batch_size
-        else:
+        else:  # the extend path needs the lengths on the host: SGLang's, no sync
             hist = forward_batch.extend_prefix_lens.to(torch.int64)
             qo = forward_batch.extend_seq_lens.to(torch.int64)
-            max_qo = max(forward_batch.extend_seq_lens_cpu, default=1)
-            nnz = sum(forward_batch.extend_prefix_lens_cpu)
+            host = tuple([0, *itertools.accumulate(int(n) for n in lens)] for lens in (
+                forward_batch.extend_seq_lens_cpu, forward_batch.extend_prefix_lens_cpu))
+            nnz = host[1][-1]
         dev = hist.device
         bs = hist.shape[0]
         kv_indptr = torch.empty(bs + 1, dtype=torch.int32, device=dev)
@@ -80,7 +82,7 @@ class RQTritonAttnBackend(RQAttnBackend):
         qo_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
         qo_indptr[1:] = torch.cumsum(qo, 0)
         return RQForwardMetadata(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
-                                 max_qo_len=int(max_qo))
+                                 host_indptrs=host)
 
     # ------------------------------------------------------------------ CUDA graphs (decode)
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
@@ -131,7 +133,7 @@ class RQTritonAttnBackend(RQAttnBackend):
         bs = forward_batch.batch_size
         self.rq_metadata = RQForwardMetadata(qo_indptr=g.qo_indptr[:bs + 1],
                                              kv_indptr=g.kv_indptr[:bs + 1],
-                                             kv_indices=g.kv_indices, max_qo_len=1)
+                                             kv_indices=g.kv_indices, host_indptrs=None)
         if not in_capture:
             self.count_forward(bs, decode=True)
 

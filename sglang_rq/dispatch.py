@@ -86,7 +86,7 @@ class KernelPath:
     ``fn`` has the path's signature: commit ``(k_loops, v_loops, loc, view)``
     (`rq_kernels.commit`); decode ``(q, k_cur, v_cur, view, loop_id, kv_indptr, kv_indices, *,
     sm_scale, out=None)`` (`rq_kernels.decode_attention`); extend ``(q, k_cur, v_cur, view,
-    loop_id, qo_indptr, kv_indptr, kv_indices, *, sm_scale, out=None, max_qo_len=None)``
+    loop_id, qo_indptr, kv_indptr, kv_indices, *, sm_scale, out=None, host_indptrs=None)``
     (`rq_kernels.extend_attention`).
     """
 
@@ -200,13 +200,13 @@ def _pick(path: str, impl: str, fn: Callable[..., Any], why: str | None) -> Kern
 
 def _twin(path: str, why: str) -> KernelPath:
     fn = {"commit": commit_reference, "decode": decode_attention_reference,
-          "extend": _extend_twin}[path]
+          "extend": extend_attention_reference}[path]
     return KernelPath(path, TWIN, why, fn)
 
 
 # ----------------------------------------------------------------------------- adapters
 # Each path gets one signature whatever serves it (KernelPath): the C library's decode is its
-# extend with one query row per request, and max_qo_len is a launch hint only Triton takes.
+# extend with one query row per request; its CPU index tensors are their own host lengths.
 def _decode_c(q, k_cur, v_cur, view, loop_id, kv_indptr, kv_indices, *, sm_scale, out=None):
     qo_indptr = torch.arange(q.shape[0] + 1, dtype=torch.int64)  # [B + 1]: one row each
     return cpu_attention.extend_attention_cpu(q, k_cur, v_cur, view, loop_id, qo_indptr,
@@ -214,15 +214,9 @@ def _decode_c(q, k_cur, v_cur, view, loop_id, kv_indptr, kv_indices, *, sm_scale
 
 
 def _extend_c(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr, kv_indices, *, sm_scale,
-              out=None, max_qo_len=None):
+              out=None, host_indptrs=None):
     return cpu_attention.extend_attention_cpu(q, k_cur, v_cur, view, loop_id, qo_indptr,
                                               kv_indptr, kv_indices, sm_scale=sm_scale, out=out)
-
-
-def _extend_twin(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr, kv_indices, *, sm_scale,
-                 out=None, max_qo_len=None):
-    return extend_attention_reference(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr,
-                                      kv_indices, sm_scale=sm_scale, out=out)
 
 
 def graph_blocker(shape: ModelKVShape, cfg: RQConfig) -> str | None:

@@ -353,12 +353,14 @@ def decode_attention_reference(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torc
 def extend_attention_reference(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
                                view: CompressedLayerView, loop_id: int, qo_indptr: torch.Tensor,
                                kv_indptr: torch.Tensor, kv_indices: torch.Tensor, *,
-                               sm_scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+                               sm_scale: float, out: torch.Tensor | None = None,
+                               host_indptrs: tuple[list[int], list[int]] | None = None
+                               ) -> torch.Tensor:
     """Twin of `rq_kernels.extend_attention`: per request, the dequantized prefix (rows
     ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``) then its own chunk (``q/k_cur/v_cur`` rows
     ``qo_indptr[b]:qo_indptr[b+1]``), causal, fp32. Returns ``[T, Hq, D]`` in q's dtype."""
     res = out if out is not None else torch.empty_like(q)
-    qp, kp = qo_indptr.tolist(), kv_indptr.tolist()
+    qp, kp = host_indptrs or (qo_indptr.tolist(), kv_indptr.tolist())
     for b in range(len(qp) - 1):
         k, v = dequantize_rows_reference(view, kv_indices[kp[b]:kp[b + 1]].long(), loop_id)
         s, e = qp[b], qp[b + 1]

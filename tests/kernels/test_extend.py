@@ -44,8 +44,7 @@ def _run(cfg, loops, hkv, group, dim, prefix, chunks, rot, loop_ids, device, see
     scale = dim ** -0.5
     for loop in loop_ids:
         out = torch.full_like(q, float("nan"))
-        extend_attention(q, kc, vc, view, loop, qo, kv_ind, idx, sm_scale=scale, out=out,
-                         max_qo_len=max(chunks), **kw)
+        extend_attention(q, kc, vc, view, loop, qo, kv_ind, idx, sm_scale=scale, out=out)
         ref = extend_attention_reference(q.float(), kc, vc, view, loop, qo, kv_ind, idx,
                                          sm_scale=scale)
         kh, vh = history(view, slots, loop)
@@ -62,8 +61,7 @@ def test_extend_matches_reference(name, cfg, loops, hkv, group, dim, prefix, chu
                                   loop_ids, device):
     if device == "cuda":
         pytest.skip("small interpreter case; GPU runs test_extend_real_size")
-    _run(cfg, loops, hkv, group, dim, prefix, chunks, rot, loop_ids, device, seed=41,
-         block_m=16, block_n=16)
+    _run(cfg, loops, hkv, group, dim, prefix, chunks, rot, loop_ids, device, seed=41)
 
 
 @pytest.mark.gpu

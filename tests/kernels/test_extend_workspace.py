@@ -1,5 +1,5 @@
 """The workspace extend path: `reconstruct_rows` vs its twin, and
-``extend_attention(..., launch=ExtendLaunch("workspace"))`` vs the fp32 reference.
+`extend_attention` (the workspace path) on more shapes and slab boundaries vs the fp32 reference.
 
 Tolerance policy
 ----------------
@@ -20,13 +20,12 @@ import torch
 from attn_cases import build
 from test_extend import GPU_CASES, _run
 
-import rq_kernels.extend_workspace as ew
-from rq_kernels.extend import ExtendLaunch, extend_attention
+import rq_kernels.extend as ew
+from rq_kernels.extend import extend_attention
 from rq_kernels.reconstruct import reconstruct_rows
 from sglang_rq.config import RQConfig
 from sglang_rq.reference import dequantize_rows_reference, reconstruct_rows_reference
 
-WS = ExtendLaunch(impl="workspace")
 H12 = RQConfig(anchor="first", lsq=False, anchor_bits=8, residual_bits=4)
 SHARED = RQConfig(group_size=64, loop_bits=(0, 2, 4))  # a 0-bit (shared) loop
 
@@ -100,8 +99,7 @@ def test_extend_workspace_matches_reference(name, cfg, loops, hkv, group, dim, p
                                             rot, loop_ids, device):
     if device == "cuda":
         pytest.skip("small interpreter case; GPU runs test_extend_workspace_real_size")
-    _run(cfg, loops, hkv, group, dim, prefix, chunks, rot, loop_ids, device, seed=71,
-         launch=WS)
+    _run(cfg, loops, hkv, group, dim, prefix, chunks, rot, loop_ids, device, seed=71)
 
 
 @pytest.mark.parametrize("slab", [5, 16, 17])
@@ -113,13 +111,7 @@ def test_extend_workspace_slab_boundaries(case, slab, device, monkeypatch):
     _, cfg, loops, hkv, group, dim, prefix, chunks, rot, loop_ids = next(
         c for c in WS_CASES if c[0] == case)
     monkeypatch.setattr(ew, "WORKSPACE_TOKENS", slab)
-    _run(cfg, loops, hkv, group, dim, prefix, chunks, rot, loop_ids[:1], device, seed=73,
-         launch=WS)
-
-
-def test_extend_launch_rejects_unknown_impl():
-    with pytest.raises(ValueError, match="workspace"):
-        ExtendLaunch(impl="flash")
+    _run(cfg, loops, hkv, group, dim, prefix, chunks, rot, loop_ids[:1], device, seed=73)
 
 
 @pytest.mark.gpu
@@ -130,14 +122,13 @@ def test_reconstruct_real_size(name, cfg, loops, hkv, dim, rot, head_major, devi
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("slab", [16384, 1000])
+@pytest.mark.parametrize("slab", [1000])  # the default slab: test_extend_real_size
 @pytest.mark.parametrize("name,cfg,loops,hkv,group,dim,prefix,chunks,rot,loop_ids", GPU_CASES,
                          ids=[c[0] for c in GPU_CASES])
 def test_extend_workspace_real_size(name, cfg, loops, hkv, group, dim, prefix, chunks, rot,
                                     loop_ids, slab, device, monkeypatch):
     monkeypatch.setattr(ew, "WORKSPACE_TOKENS", slab)
-    _run(cfg, loops, hkv, group, dim, prefix, chunks, rot, loop_ids, device, seed=51,
-         launch=WS)
+    _run(cfg, loops, hkv, group, dim, prefix, chunks, rot, loop_ids, device, seed=51)
 
 
 def test_extend_workspace_host_indptrs(device):
@@ -149,7 +140,7 @@ def test_extend_workspace_host_indptrs(device):
     gen = torch.Generator().manual_seed(5)
     q, kc, vc = (torch.randn(19, h, 64, generator=gen).to(torch.bfloat16).to(device)
                  for h in (2, 1, 1))
-    a = extend_attention(q, kc, vc, view, 0, qo, kv_ind, idx, sm_scale=0.125, launch=WS)
-    b = extend_attention(q, kc, vc, view, 0, qo, kv_ind, idx, sm_scale=0.125, launch=WS,
+    a = extend_attention(q, kc, vc, view, 0, qo, kv_ind, idx, sm_scale=0.125)
+    b = extend_attention(q, kc, vc, view, 0, qo, kv_ind, idx, sm_scale=0.125,
                          host_indptrs=(qp, kv_ind.tolist()))
     assert torch.equal(a, b)

@@ -252,7 +252,8 @@ def test_standin_in_a_fresh_interpreter():
     """With ``sys.path`` led by STANDIN_DIR: STANDIN, working substitutes, naming stubs, and
     SGLang's JIT call sites routed (the real, here unloadable, wheel is shadowed)."""
     pytest.importorskip("sglang")
-    env = dict(os.environ, PYTHONPATH=str(portable.STANDIN_DIR), TRITON_INTERPRET="1")
+    path = os.pathsep.join(filter(None, [str(portable.STANDIN_DIR), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path, TRITON_INTERPRET="1")  # SGLang may be on PYTHONPATH
     proc = subprocess.run([sys.executable, "-c", STANDIN_SCRIPT, str(portable.STANDIN_DIR)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
