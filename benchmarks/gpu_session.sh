@@ -10,7 +10,8 @@
 # it is unpacked, default /tmp/rq-site), OUT (results, default /tmp/rq-out), DATA (held-out text,
 # default .gpu-bundle/data), TOKENIZER (SmolLM2 tokenizer dir for the Ouro-1.4B-shaped checkpoint,
 # default .gpu-bundle/smollm2-tokenizer), MAX_S (skip steps that start after this many seconds),
-# CARD_ARGS (extra flags of the card suite, e.g. --offered 0).
+# CARD_ARGS (extra flags of the card suite, e.g. --offered 0), GPUTESTS (test files of the gputests
+# step), TESTS_K (-k filter of the gpuserver step).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rq-out}; SITE=${SITE:-/tmp/rq-site}; mkdir -p "$OUT"
@@ -32,8 +33,8 @@ for step in "$@"; do
       timeout 330 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu_server.py \
         -k "${TESTS_K:-not nothing}" 2>&1 | tee "$OUT/gpuserver.txt" | tail -30 ;;
     gputests)
-      timeout 500 python3 -m pytest -q -rs -s -p no:cacheprovider tests/gpu/test_gpu_prescale.py \
-        tests/gpu/test_gpu_huginn.py 2>&1 | tee "$OUT/gputests.txt" | tail -30 ;;
+      timeout 500 python3 -m pytest -q -rs -s -p no:cacheprovider \
+        ${GPUTESTS:-tests/gpu/test_gpu_prescale.py tests/gpu/test_gpu_huginn.py} 2>&1 | tee "$OUT/gputests.txt" | tail -30 ;;
     bench-extend|bench-decode|bench-commit)
       timeout 300 python3 "benchmarks/bench_${step#bench-}.py" --out "$OUT" 2>&1 \
         | tee "$OUT/$step.txt" | tail -30 ;;

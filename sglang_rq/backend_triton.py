@@ -134,7 +134,9 @@ class RQTritonAttnBackend(RQAttnBackend):
         self.rq_metadata = RQForwardMetadata(qo_indptr=g.qo_indptr[:bs + 1],
                                              kv_indptr=g.kv_indptr[:bs + 1],
                                              kv_indices=g.kv_indices, host_indptrs=None)
-        if not in_capture:
+        if in_capture:  # SGLang's warm-up runs before capture commit dummy K/V
+            self.token_to_kv_pool.rq_clip.capture_warmup()
+        else:
             self.count_forward(bs, decode=True)
 
     def init_forward_metadata_in_graph(self, forward_batch: ForwardBatch) -> None:

@@ -17,6 +17,11 @@ too: those groups are counted one step early, not yet clipped.
 only (no host sync, CUDA-graph safe: shapes are fixed by ``loc``); `ClipCounter.flush` reads it
 at most once per `FLUSH_INTERVAL_S`, outside graph capture, from the backends' per-forward host
 hooks, and feeds ``sglang_rq_clipped_groups_total{layer}``.
+
+SGLang runs every decode batch size eagerly a few times before capturing its CUDA graph, on dummy
+inputs written to the padding slot; those warm-up commits can saturate (a layer with K outliers
+does) although no request's data is involved. `ClipCounter.capture_warmup` marks them and the
+first real forward's `ClipCounter.serving` discards their counts.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ class ClipCounter:
         self._published = [0] * num_layers
         self._logged: set[int] = set()
         self._last_flush_s = 0.0
+        self._warmup = False
         metrics.init_clipped_groups(num_layers)
 
     def add(self, *, layer: int, loop: int, meta_rows: torch.Tensor) -> None:
@@ -66,6 +72,20 @@ class ClipCounter:
         Tensor ops only: safe inside CUDA-graph capture, no host sync.
         """
         self.counts[layer, loop] += saturated_groups(meta_rows).sum()
+
+    def capture_warmup(self) -> None:
+        """The forwards until the next `serving` are CUDA-graph capture warm-ups on dummy inputs;
+        their counts are discarded."""
+        self._warmup = True
+
+    def serving(self) -> None:
+        """A real forward (eager or graph replay) starts: drop the capture warm-ups' counts.
+
+        In place, so graphs that recorded ``counts`` keep counting into the same tensor.
+        """
+        if self._warmup:
+            self.counts.zero_()
+            self._warmup = False
 
     def flush(self, *, force: bool = False) -> list[int]:
         """Publish new counts to Prometheus and log each layer's first saturation.
@@ -98,7 +118,9 @@ class ClipCounter:
 
 
 def flush_for(pool: object) -> None:
-    """`ClipCounter.flush` of ``pool`` if it is a ResidualQuant pool (a backend's host hook)."""
+    """`ClipCounter.serving` then `ClipCounter.flush` of ``pool`` if it is a ResidualQuant pool
+    (a backend's host hook before each real forward)."""
     clip = getattr(pool, "rq_clip", None)
     if clip is not None:
+        clip.serving()
         clip.flush()

@@ -67,3 +67,19 @@ def test_counter_per_layer_and_first_log(caplog):
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1  # first occurrence only
     assert "layer 1" in warnings[0] and "loop(s) [2]" in warnings[0]
+
+
+def test_capture_warmup_counts_are_discarded():
+    """GPU finding (2026-12-01): SGLang's eager warm-ups before decode-graph capture committed
+    dummy K/V of an outlier layer, 480 saturated groups that no request had."""
+    c = ClipCounter(num_layers=2, num_loops=1, device="cpu")
+    meta = torch.full((3, 2, 1, 4, 2), 0x7E, dtype=torch.uint8)  # 3 rows x 2 x 4 groups at limit
+    counts = c.counts
+    c.capture_warmup()
+    c.add(layer=0, loop=0, meta_rows=meta)
+    c.serving()  # first real forward
+    assert c.flush(force=True) == [0, 0]
+    c.add(layer=1, loop=0, meta_rows=meta[:1])
+    c.serving()  # later forwards keep their counts
+    assert c.flush(force=True) == [0, 8]
+    assert c.counts is counts  # graphs that recorded the tensor keep counting into it
