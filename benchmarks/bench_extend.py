@@ -9,8 +9,13 @@ backends call it: no sync, graph-replayed here like the baseline) and ``workspac
 without them (one host sync per call, eager launches). The baseline is PyTorch SDPA
 (FlashAttention) over BF16: the chunk against the whole prefix plus a causal SDPA over the
 chunk, the same work as ours split in two. The reconstruct kernel alone is timed too, with its
-achieved bandwidth on compressed bytes read plus bf16 bytes written. `do_bench` median. Writes
-``DIR/bench_extend.json``. The fused kernel this replaced (1.94-3.3x SDPA) was last measured in
+achieved bandwidth on compressed bytes read plus bf16 bytes written. `do_bench` median.
+
+``mixed`` (Ouro shape): a mixed batch as SGLang's ``--enable-mixed-chunk`` builds it, one
+2048-token chunk over a 14,336-token prefix plus 16 decode rows over 16,384 tokens each:
+`extend_attention` (decode rows through the decode kernel) against ``_workspace_extend`` over
+every request (every decode row's history reconstructed to bf16) and SDPA (the chunk as above
+plus a batched decode SDPA). ``--mixed-only`` runs just that. Writes ``DIR/bench_extend.json``. The fused kernel this replaced (1.94-3.3x SDPA) was last measured in
 benchmarks/results/h200_2026-12-01_extend.json.
 """
 
@@ -30,7 +35,7 @@ import triton  # noqa: E402
 
 from benchmarks.common import DEV, FAMILIES, bench, pool, sdpa_time  # noqa: E402
 from benchmarks.common import bench_args, write_json  # noqa: E402
-from rq_kernels.extend import WORKSPACE_TOKENS, extend_attention  # noqa: E402
+from rq_kernels.extend import WORKSPACE_TOKENS, _workspace_extend, extend_attention  # noqa: E402
 from rq_kernels.reconstruct import reconstruct_rows  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
 
@@ -57,13 +62,53 @@ def reconstruct_bytes(view, loop_id: int, n: int) -> int:
     return n * 2 * hkv * (per + 2 * view.head_dim)
 
 
+def mixed(dry_run: bool) -> dict:
+    """The mixed-batch row (module docstring), loop 0 (anchor + residual)."""
+    hq, hkv, dim = FAMILIES["ouro-1.4b"]
+    prefix, chunk, ndec, ctx = (14336, 2048, 16, 16384) if not dry_run else (40, 24, 3, 33)
+    view = pool(RQConfig(), hkv, dim, prefix + ndec * ctx + 2)
+    qp = [0, chunk] + [chunk + i + 1 for i in range(ndec)]
+    kp = [0, prefix] + [prefix + (i + 1) * ctx for i in range(ndec)]
+    T = qp[-1]
+    q = torch.randn(T, hq, dim, device=DEV, dtype=torch.bfloat16)
+    kc = torch.randn(T, hkv, dim, device=DEV, dtype=torch.bfloat16)
+    qo = torch.tensor(qp, dtype=torch.int32, device=DEV)
+    kvi = torch.tensor(kp, dtype=torch.int32, device=DEV)
+    idx = torch.arange(kp[-1], device=DEV) + 1
+    out = torch.empty_like(q)
+    scale = dim ** -0.5
+    ours = bench(lambda: extend_attention(q, kc, kc, view, 0, qo, kvi, idx, sm_scale=scale,
+                                          out=out, host_indptrs=(qp, kp)))
+    ws_only = bench(lambda: _workspace_extend(q, kc, kc, view, 0, qp, kp, idx, scale, out))
+    view = None
+    qc = torch.randn(1, hq, chunk, dim, device=DEV, dtype=torch.bfloat16)
+    kb = torch.randn(1, hkv, prefix + chunk, dim, device=DEV, dtype=torch.bfloat16)
+    sd = sdpa_time(qc, kb[:, :, :prefix], kb[:, :, :prefix])[0] + sdpa_time(
+        qc, kb[:, :, prefix:], kb[:, :, prefix:], causal=True)[0]
+    kb = None
+    kd = torch.randn(ndec, hkv, ctx, dim, device=DEV, dtype=torch.bfloat16)
+    sd += sdpa_time(torch.randn(ndec, hq, 1, dim, device=DEV, dtype=torch.bfloat16), kd, kd)[0]
+    row = dict(prefix=prefix, chunk=chunk, decode_rows=ndec, decode_ctx=ctx, sdpa_ms=sd,
+               extend_attention_ms=ours, workspace_only_ms=ws_only,
+               over_sdpa=ours / sd, workspace_only_over_sdpa=ws_only / sd)
+    print(f"mixed batch: sdpa {sd * 1e3:.1f}us | extend_attention {ours * 1e3:.1f}us "
+          f"(x{ours / sd:.2f}) | workspace for every row {ws_only * 1e3:.1f}us "
+          f"(x{ws_only / sd:.2f})", flush=True)
+    return row
+
+
 def main() -> None:
+    mixed_only = "--mixed-only" in sys.argv
+    if mixed_only:
+        sys.argv.remove("--mixed-only")
     a = bench_args()
     shapes = [(4096, 4096), (16384, 2048)] if not a.dry_run else [(40, 24)]
     res = dict(gpu=torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu",
                date=time.strftime("%Y-%m-%d"),
                workspace_tokens=WORKSPACE_TOKENS, rows=[])
-    for fam, (hq, hkv, dim) in FAMILIES.items():
+    res["mixed"] = mixed(a.dry_run)
+    write_json(res, a.out, "bench_extend.json")
+    for fam, (hq, hkv, dim) in FAMILIES.items() if not mixed_only else ():
         for prefix, chunk in shapes:
             view = pool(RQConfig(), hkv, dim, prefix + 2)
             loops = len(view.segments)

@@ -16,6 +16,12 @@ Triton kernel (prefix dequantized tile by tile in registers, Ampere-style MMAs) 
 3. the prefix output is un-rotated once (``o' R^T``); each request's chunk attends to itself
    causally (original basis; K/V expanded to the query heads for GQA); the two merge by LSE.
 
+A mixed batch (SGLang's ``--enable-mixed-chunk``: running decodes appended after the prefill
+chunks as one-row requests) would reconstruct every decode row's whole history into bf16; the
+trailing run of one-row requests goes to `rq_kernels.decode.decode_attention` instead, which
+reads the compressed rows once (the H200 whole-card run of 2026-12-01 slowed TPOT 2.1x before
+this split).
+
 LSEs are natural-log ``log sum exp(sm_scale q.k)`` (FlashAttention's convention). Rotations run
 in fp32. The host needs the lengths: one ``.tolist()`` of both indptrs per call (extend is never
 captured in a CUDA graph), unless the caller passes them (``host_indptrs``).
@@ -29,6 +35,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rq_kernels._host import check_extend_args, require_kernel, unsupported_reason
+from rq_kernels.decode import decode_attention
 from rq_kernels.reconstruct import reconstruct_rows
 from rq_kernels.triton.reconstruct import rq_reconstruct_kernel
 
@@ -127,17 +134,39 @@ def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     require_kernel("extend_attention", unsupported_reason(view), rq_reconstruct_kernel, q)
     out = check_extend_args(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr, kv_indices,
                             out)
-    T, HQ, D = q.shape
-    HKV = k_cur.shape[1]
-    GQ = HQ // HKV
     if host_indptrs is None:
         qp, kp = torch.stack([qo_indptr, kv_indptr]).tolist()  # the one host sync
     else:
         qp, kp = (list(x) for x in host_indptrs)
         assert len(qp) == len(kp) == qo_indptr.shape[0], "host_indptrs vs qo_indptr length"
     B = len(qp) - 1
+    b0 = B  # the trailing one-row requests [b0, B): decode rows of a mixed batch
+    while b0 > 0 and qp[b0] - qp[b0 - 1] == 1:
+        b0 -= 1
+    if b0 < B:
+        r0 = qp[b0]
+        decode_attention(q[r0:], k_cur[r0:], v_cur[r0:], view, loop_id,
+                         kv_indptr[b0:] - kp[b0], kv_indices[kp[b0]:kp[B]], sm_scale=sm_scale,
+                         out=out[r0:])
+        if b0 == 0:
+            return out
+    r0 = qp[b0]
+    _workspace_extend(q[:r0], k_cur[:r0], v_cur[:r0], view, loop_id, qp[:b0 + 1], kp[:b0 + 1],
+                      kv_indices, sm_scale, out[:r0])
+    return out
+
+
+def _workspace_extend(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
+                      view: CompressedLayerView, loop_id: int, qp: list[int], kp: list[int],
+                      kv_indices: torch.Tensor, sm_scale: float, out: torch.Tensor) -> None:
+    """`extend_attention` through the workspace (module docstring, steps 1-3) into ``out``;
+    ``qp``/``kp``: the host indptrs."""
+    T, HQ, D = q.shape
+    HKV = k_cur.shape[1]
+    GQ = HQ // HKV
+    B = len(qp) - 1
     if T == 0 or B == 0:
-        return out
+        return
     lse_c = torch.empty(T, HQ, dtype=torch.float32, device=q.device)
     o_c = torch.empty_like(q)
     for b in range(B):  # each chunk over itself, causal, original basis: [1, Hq, m, D]
@@ -153,7 +182,7 @@ def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
         lse_c[s:e] = lse[0].transpose(0, 1)
     if kp[-1] == kp[0]:
         out.copy_(o_c)
-        return out
+        return
 
     acc, acc_lse = _prefix_attention(q, view, loop_id, qp, kp, kv_indices, sm_scale)
     # acc [Hkv, T*GQ, D] fp32 original basis, acc_lse [Hkv, T*GQ] -> [T, Hq, ...]
@@ -161,7 +190,6 @@ def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     acc_lse = acc_lse.view(HKV, T, GQ).permute(1, 0, 2).reshape(T, HQ)
     _merge_into(acc, acc_lse, o_c, lse_c)
     out.copy_(acc)
-    return out
 
 
 def _prefix_attention(q: torch.Tensor, view: CompressedLayerView, loop_id: int, qp: list[int],

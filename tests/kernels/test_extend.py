@@ -25,6 +25,9 @@ CPU_CASES = [
     ("d96_random_orth", RQConfig(), 4, 1, 1, 96, [1, 15], [3, 17], "rand", (2,)),
     ("single_loop_first", RQConfig(anchor="first", lsq=False), 1, 2, 1, 64, [17], [15], "cfg",
      (0,)),
+    # a mixed batch: chunks, then one-row requests (decode rows, served by decode_attention)
+    ("mixed_decode_rows", RQConfig(), 4, 2, 2, 64, [15, 33, 0, 17], [9, 1, 1, 1], "cfg", (0, 2)),
+    ("all_decode_rows", RQConfig(), 4, 1, 1, 128, [17, 1], [1, 1], "cfg", (3,)),
 ]
 GPU_CASES = [
     ("ouro_chunked", RQConfig(), 4, 16, 1, 128, [0, 4096, 1000], [4096, 511, 1], "cfg", (0, 3)),
