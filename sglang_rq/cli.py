@@ -77,7 +77,7 @@ def kv_size(argv: list[str]) -> int:
     print(f"model: {shape.num_layers} layers x {shape.num_loops} loops{unlooped}, "
           f"{shape.num_kv_heads} KV heads{rank}, head_dim {shape.head_dim}")
     if cfg.enabled:
-        looped = layout.kv_stacks(shape, cfg)[0].cfg
+        looped = layout.looped_format(shape, cfg)
         print(f"loop groups: {shape.num_loops // looped.group_len(shape.num_loops)} of "
               f"{looped.group_len(shape.num_loops)} loops (one anchor each)"
               + (f"; un-looped layers {cfg.unlooped_bits}-bit" if shape.unlooped_layers else ""))

@@ -301,6 +301,15 @@ def loop_segments(shape: ModelKVShape, cfg: RQConfig) -> tuple[LoopSegment, ...]
     return tuple(segs)
 
 
+STACK_NAMES = ("looped", "unlooped")
+
+
+def stack_label_prefix(name: str) -> str:
+    """Prefix of a stack's path labels in logs and metrics: "" for ``looped``, ``unlooped_``
+    for Huginn's prelude/coda (``sglang_rq_fallbacks_total{path="unlooped_decode"}``)."""
+    return "" if name == "looped" else f"{name}_"
+
+
 @dataclass(frozen=True)
 class KVStack:
     """A part of the model stored with one format: ``name`` ``looped`` (the looped layers, in
@@ -310,6 +319,11 @@ class KVStack:
     name: str
     shape: ModelKVShape
     cfg: RQConfig
+
+    @property
+    def label_prefix(self) -> str:
+        """`stack_label_prefix` of this stack."""
+        return stack_label_prefix(self.name)
 
     @property
     def segments(self) -> tuple[LoopSegment, ...]:
@@ -354,6 +368,12 @@ def kv_stacks(shape: ModelKVShape, cfg: RQConfig) -> tuple[KVStack, ...]:
     return (looped, unlooped)
 
 
+def looped_format(shape: ModelKVShape, cfg: RQConfig) -> RQConfig:
+    """The looped layers' format under an enabled ``cfg``: ``cfg`` with the loop group size
+    resolved (`kv_stacks`; raises as it does)."""
+    return kv_stacks(shape, cfg)[0].cfg
+
+
 def kv_bytes_per_token(shape: ModelKVShape, cfg: RQConfig) -> int:
     """Bytes of KV cache per token for the whole model (all slots, heads, K and V).
 
@@ -381,7 +401,7 @@ def staged_loops(shape: ModelKVShape, cfg: RQConfig) -> int:
     them (the un-looped layers commit at once)."""
     if not cfg.enabled:
         return 0
-    return kv_stacks(shape, cfg)[0].cfg.group_len(shape.num_loops) - 1
+    return looped_format(shape, cfg).group_len(shape.num_loops) - 1
 
 
 def staging_bytes(shape: ModelKVShape, cfg: RQConfig, *, staging_tokens: int,

@@ -52,6 +52,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from sglang_rq import env
+from sglang_rq.layout import STACK_NAMES, stack_label_prefix
 
 if TYPE_CHECKING:
     import torch
@@ -61,7 +62,7 @@ if TYPE_CHECKING:
 
 PREFIX = "sglang_rq_"
 # the paths of `sglang_rq.dispatch`, for the looped layers and (prefixed) the un-looped ones
-FALLBACK_PATHS = tuple(stack + path for stack in ("", "unlooped_")
+FALLBACK_PATHS = tuple(stack_label_prefix(stack) + path for stack in STACK_NAMES
                        for path in ("commit", "decode", "extend"))
 CANARY_RESULTS = ("pass", "wrong_answer", "error", "saturated")
 INFO_LABELS = ("enabled", "format", "loop_bits", "group_size", "anchor", "lsq", "rotation",
@@ -144,7 +145,7 @@ def publish_kv_format(*, cfg: RQConfig, shape: ModelKVShape, page_size: int, sta
 
     per_tok = layout.kv_bytes_per_token(shape, cfg)
     bf16 = layout.bf16_bytes_per_token(shape)
-    bits = (layout.kv_stacks(shape, cfg)[0].cfg.bits_for_loops(shape.num_loops) if cfg.enabled
+    bits = (layout.looped_format(shape, cfg).bits_for_loops(shape.num_loops) if cfg.enabled
             else (16,) * shape.num_loops)
     fams["info"].labels(
         enabled=str(cfg.enabled).lower(), format=cfg.describe(),

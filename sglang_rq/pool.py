@@ -107,7 +107,7 @@ class StackBuffers:
     @property
     def label_prefix(self) -> str:
         """Prefix of this stack's path labels in logs and metrics ("" for the looped stack)."""
-        return "" if self.stack.name == "looped" else f"{self.stack.name}_"
+        return self.stack.label_prefix
 
     def buffers(self) -> list[torch.Tensor]:
         return [b for bufs in (self.codes, self.meta, self.coef) for b in bufs if b is not None]
