@@ -11,7 +11,8 @@
 # default .gpu-bundle/data), TOKENIZER (SmolLM2 tokenizer dir for the Ouro-1.4B-shaped checkpoint,
 # default .gpu-bundle/smollm2-tokenizer), MAX_S (skip steps that start after this many seconds),
 # CARD_ARGS (extra flags of the card suite, e.g. --offered 0), GPUTESTS (test files of the gputests
-# step), TESTS_K (-k filter of the gpuserver step).
+# step), TESTS_K (-k filter of the gpuserver step), BENCH_ARGS (extra flags of the bench-* steps,
+# e.g. --mixed-only for bench-extend).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rq-out}; SITE=${SITE:-/tmp/rq-site}; mkdir -p "$OUT"
@@ -36,7 +37,7 @@ for step in "$@"; do
       timeout 500 python3 -m pytest -q -rs -s -p no:cacheprovider \
         ${GPUTESTS:-tests/gpu/test_gpu_prescale.py tests/gpu/test_gpu_huginn.py} 2>&1 | tee "$OUT/gputests.txt" | tail -30 ;;
     bench-extend|bench-decode|bench-commit)
-      timeout 300 python3 "benchmarks/bench_${step#bench-}.py" --out "$OUT" 2>&1 \
+      timeout 300 python3 "benchmarks/bench_${step#bench-}.py" --out "$OUT" ${BENCH_ARGS:-} 2>&1 \
         | tee "$OUT/$step.txt" | tail -30 ;;
     kernels)
       timeout 360 python3 -m pytest -q -rs -p no:cacheprovider -x tests/kernels 2>&1 \
