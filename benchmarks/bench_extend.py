@@ -56,7 +56,7 @@ def reconstruct_bytes(view, loop_id: int, n: int) -> int:
     for i in {seg.base, loop_id}:
         if view.segments[i].bits:
             per += view.segments[i].code_bytes
-            per += view.meta[i].shape[-2] * 2 if view.meta[i] is not None else 0
+            per += view.scale_offset[i].shape[-2] * 2 if view.scale_offset[i] is not None else 0
     if seg.role != "anchor" and view.coef[loop_id] is not None:
         per += 2
     return n * 2 * hkv * (per + 2 * view.head_dim)

@@ -85,11 +85,11 @@ def realistic_pool(cfg, *, num_loops: int, num_kv_heads: int, head_dim: int, row
                   rows=rows, rotation="cfg", device=device, fill=False, head_major=head_major)
     for i in range(num_loops):
         v.codes[i].random_(0, 256)
-        if v.meta[i] is not None:
-            m = torch.empty(v.meta[i].shape, device=device)
+        if v.scale_offset[i] is not None:
+            m = torch.empty(v.scale_offset[i].shape, device=device)
             m[..., 0].uniform_(0.01, 0.3)
             m[..., 1].uniform_(-2.0, -0.1)
-            v.meta[i].copy_(m.to(torch.float8_e4m3fn).view(torch.uint8))
+            v.scale_offset[i].copy_(m.to(torch.float8_e4m3fn).view(torch.uint8))
             del m
         if v.coef[i] is not None:
             v.coef[i].copy_(torch.empty(v.coef[i].shape, device=device).uniform_(0.7, 1.3))

@@ -139,11 +139,11 @@ def check_view(view: CompressedLayerView, device: torch.device) -> None:
 
     Any row/kv/head strides work (token-major ``[rows, 2, H, ...]`` storage or head-major
     ``[2, H, rows, ...]``); the head strides become compile-time constants, so a head stride
-    that is a multiple of 8 (meta) or 16 (codes) keeps the gathers vectorized.
+    that is a multiple of 8 (scale_offset) or 16 (codes) keeps the gathers vectorized.
     """
     ng = view.head_dim // view.cfg.group_size
     for i, seg in enumerate(view.segments):
-        c, m, f = view.codes[i], view.meta[i], view.coef[i]
+        c, m, f = view.codes[i], view.scale_offset[i], view.coef[i]
         assert c.dtype == torch.uint8 and c.device == device and c.dim() == 4, (
             f"codes[{i}] must be uint8 [rows, 2, H, code_bytes] on {device}, got "
             f"{c.dtype} {tuple(c.shape)} on {c.device}")
@@ -151,30 +151,31 @@ def check_view(view: CompressedLayerView, device: torch.device) -> None:
             f"codes[{i}] last dim must be {seg.code_bytes} contiguous bytes, strides {c.stride()}")
         if m is not None:
             assert m.dtype == torch.uint8 and m.device == device and m.shape[-2:] == (ng, 2), (
-                f"meta[{i}] must be uint8 [rows, 2, H, {ng}, 2] on {device}")
+                f"scale_offset[{i}] must be uint8 [rows, 2, H, {ng}, 2] on {device}")
             assert m.stride(-1) == 1 and m.stride(-2) == 2, (
-                f"meta[{i}] must have contiguous [{ng}, 2] bytes, strides {m.stride()}")
+                f"scale_offset[{i}] must have contiguous [{ng}, 2] bytes, strides {m.stride()}")
         if f is not None:
             assert f.dtype == torch.bfloat16 and f.device == device and f.dim() == 3, (
                 f"coef[{i}] must be bf16 [rows, 2, H] on {device}")
 
 
 def attention_loop_args(view: CompressedLayerView, loop_id: int) -> tuple[list, dict]:
-    """Kernel arguments (anchor codes/meta, residual codes/meta, coef + strides) and constexprs
-    for attention over loop ``loop_id``: its anchor (base) plus its own residual, if any."""
+    """Kernel arguments (anchor codes/scale_offset, residual codes/scale_offset, coef + strides)
+    and constexprs for attention over loop ``loop_id``: its anchor (base) plus its own residual,
+    if any."""
     seg = view.segments[loop_id]
     base = view.segments[seg.base]
     a = seg.base
-    ac, am = view.codes[a], view.meta[a]
+    ac, aso = view.codes[a], view.scale_offset[a]
     if seg.role == "anchor":
-        rc, rm, cf, r_bits = ac, am, ac, 0
+        rc, rso, cf, r_bits = ac, aso, ac, 0
     else:
         r_bits = seg.bits
         rc = view.codes[loop_id] if r_bits > 0 else ac
-        rm = view.meta[loop_id] if r_bits > 0 else am
+        rso = view.scale_offset[loop_id] if r_bits > 0 else aso
         cf = view.coef[loop_id]
     has_coef = seg.role != "anchor" and view.coef[loop_id] is not None
-    args = [ac, *strides3(ac), am, *strides3(am), rc, *strides3(rc), rm, *strides3(rm),
+    args = [ac, *strides3(ac), aso, *strides3(aso), rc, *strides3(rc), rso, *strides3(rso),
             cf if has_coef else ac, *(strides3(cf) if has_coef else (0, 0, 0))]
     d, g = view.head_dim, view.cfg.group_size
     dp = next_pow2(d)

@@ -42,7 +42,7 @@ def commit(k_loops: torch.Tensor, v_loops: torch.Tensor, loc: torch.Tensor,
     loc:
         ``[num_tokens]``, ``torch.int64``, ``cuda``: destination rows (slots), all distinct.
     view:
-        The layer's `CompressedLayerView`; its ``codes/meta/coef[i]`` (``uint8 [rows, 2, H,
+        The layer's `CompressedLayerView`; its ``codes/scale_offset/coef[i]`` (``uint8 [rows, 2, H,
         code_bytes]``, ``uint8 [rows, 2, H, head_dim/group_size, 2]``, ``bf16 [rows, 2, H]``)
         are written in place; ``rotation`` ``[num_kv_heads, head_dim, head_dim]`` fp32 or None.
     launch:
@@ -83,18 +83,18 @@ def commit(k_loops: torch.Tensor, v_loops: torch.Tensor, loc: torch.Tensor,
     terms, alpha, nterms = rotation_terms(view, dp, dev)
     dummy = view.codes[view.segments[0].base]
     codes = tuple(c if s.bits > 0 else dummy for c, s in zip(view.codes, view.segments))
-    meta = tuple(m if m is not None else dummy for m in view.meta)
+    scale_offset = tuple(m if m is not None else dummy for m in view.scale_offset)
     coef = tuple(f if f is not None else dummy for f in view.coef)
     s_codes = sum((strides3(c if s.bits > 0 else None) for c, s in zip(view.codes, view.segments)),
                   ())
-    s_meta = sum((strides3(m) for m in view.meta), ())
+    s_scale_offset = sum((strides3(m) for m in view.scale_offset), ())
     s_coef = sum((strides3(f) for f in view.coef), ())
     block_t = launch.block_t
     grid = (triton_cdiv(T, block_t), H, 2)
     interp = interpreting(rq_commit_kernel)
     rq_commit_kernel[grid](
         k_loops, v_loops, k_loops.stride(0), k_loops.stride(1), k_loops.stride(2),
-        loc, T, codes, s_codes, meta, s_meta, coef, s_coef,
+        loc, T, codes, s_codes, scale_offset, s_scale_offset, coef, s_coef,
         terms, terms.stride(0) if terms.dim() == 4 else 0,
         terms.stride(1) if terms.dim() == 4 else 0, dp, alpha,
         NUM_LOOPS=L, GROUP_LEN=glen, ANCHOR_POS=0 if cfg.anchor == "first" else glen - 1,

@@ -46,8 +46,8 @@ class _StoredLoop(ctypes.Structure):
     _fields_ = [
         ("codes", ctypes.c_void_p), ("codes_row", ctypes.c_int64), ("codes_kv", ctypes.c_int64),
         ("codes_head", ctypes.c_int64),
-        ("meta", ctypes.c_void_p), ("meta_row", ctypes.c_int64), ("meta_kv", ctypes.c_int64),
-        ("meta_head", ctypes.c_int64),
+        ("scale_offset", ctypes.c_void_p), ("scale_offset_row", ctypes.c_int64),
+        ("scale_offset_kv", ctypes.c_int64), ("scale_offset_head", ctypes.c_int64),
         ("coef", ctypes.c_void_p), ("coef_row", ctypes.c_int64), ("coef_kv", ctypes.c_int64),
         ("coef_head", ctypes.c_int64),
         ("bits", ctypes.c_int32), ("base", ctypes.c_int32),
@@ -137,13 +137,14 @@ def _chain(view: CompressedLayerView, loop_id: int) -> list[int]:
 def _stored_loops(view: CompressedLayerView, chain: list[int]) -> ctypes.Array:
     arr = (_StoredLoop * len(chain))()
     for slot, i in zip(arr, chain):
-        codes, meta, coef = view.codes[i], view.meta[i], view.coef[i]
+        codes, scale_offset, coef = view.codes[i], view.scale_offset[i], view.coef[i]
         seg = view.segments[i]
         slot.codes, slot.bits, slot.base = codes.data_ptr(), seg.bits, seg.base
         slot.codes_row, slot.codes_kv, slot.codes_head = codes.stride()[:3]
-        if meta is not None:
-            slot.meta = meta.data_ptr()
-            slot.meta_row, slot.meta_kv, slot.meta_head = meta.stride()[:3]
+        if scale_offset is not None:
+            slot.scale_offset = scale_offset.data_ptr()
+            (slot.scale_offset_row, slot.scale_offset_kv,
+             slot.scale_offset_head) = scale_offset.stride()[:3]
         if coef is not None:
             slot.coef = coef.data_ptr()
             slot.coef_row, slot.coef_kv, slot.coef_head = coef.stride()[:3]

@@ -218,10 +218,10 @@ def _fma_split(q, kv_indptr, kv_indices, view, loop_id, args, c, rot, nterms, ha
     splits = launch.num_splits or choose_num_splits(B, HQ, kv_indices.numel(), dev,
                                                     block_n=block_n, programs_per_sm=per_sm)
     seg = view.segments[loop_id]
-    ac, am = _words(view.codes[seg.base]), view.meta[seg.base]
-    rc, rm = (_words(view.codes[loop_id]), view.meta[loop_id]) if r_bits else (ac, am)
+    ac, aso = _words(view.codes[seg.base]), view.scale_offset[seg.base]
+    rc, rso = (_words(view.codes[loop_id]), view.scale_offset[loop_id]) if r_bits else (ac, aso)
     cf, cf_st = args[-4], args[-3:]
-    pool = [t for t in (ac, am, rc, rm, cf) if t.numel()]
+    pool = [t for t in (ac, aso, rc, rso, cf) if t.numel()]
     idx64 = max(sum((n - 1) * st for n, st in zip(t.shape, t.stride())) for t in pool) >= 2**31
     opts = dict(num_warps=4, num_stages=2)
     if not k_idp and not interp:
@@ -230,7 +230,7 @@ def _fma_split(q, kv_indptr, kv_indices, view, loop_id, args, c, rot, nterms, ha
     mid_ml = torch.empty(B, HQ, splits, 2, dtype=torch.float32, device=dev)
     rq_decode_fma_split_kernel[(HQ, B, splits)](
         q, q.stride(0), q.stride(1), kv_indptr, kv_indices,
-        ac, *strides3(ac), am, *strides3(am), rc, *strides3(rc), rm, *strides3(rm),
+        ac, *strides3(ac), aso, *strides3(aso), rc, *strides3(rc), rso, *strides3(rso),
         cf, *cf_st, *rot, mid_o, mid_ml, qk_scale, splits, HQ, 0x3F800000,
         D=D, DP=c["DP"], G=c["G"], NG=c["NG"], NGP=c["NGP"], A_BITS=c["A_BITS"], R_BITS=r_bits,
         HAS_COEF=c["HAS_COEF"], HAS_ROT=has_rot, TERMS=nterms, BLOCK_N=block_n, IDX64=idx64,

@@ -64,14 +64,15 @@ class CompressedLayerView:
     """One physical layer's compressed KV buffers (views into the pool's per-kind buffers).
 
     Per loop ``i``: ``codes[i]`` ``[rows, 2, num_kv_heads, code_bytes_i]`` uint8 (index 1: 0 = K,
-    1 = V), ``meta[i]`` ``[rows, 2, num_kv_heads, D/g, 2]`` uint8 FP8 (scale, offset) or None,
-    ``coef[i]`` ``[rows, 2, num_kv_heads]`` bf16 or None. ``rotation`` ``[num_kv_heads, D, D]``
-    float32 (on the pool's device) or None. ``rows = pool size + page_size``; row 0 is SGLang's
-    padding slot. ``segments[i]`` says how loop ``i`` is stored, ``cfg`` the format-wide choices.
+    1 = V), ``scale_offset[i]`` ``[rows, 2, num_kv_heads, D/g, 2]`` uint8 FP8 (scale, offset) or
+    None, ``coef[i]`` ``[rows, 2, num_kv_heads]`` bf16 or None. ``rotation``
+    ``[num_kv_heads, D, D]`` float32 (on the pool's device) or None. ``rows = pool size +
+    page_size``; row 0 is SGLang's padding slot. ``segments[i]`` says how loop ``i`` is stored,
+    ``cfg`` the format-wide choices.
     """
 
     codes: list[torch.Tensor]
-    meta: list[torch.Tensor | None]
+    scale_offset: list[torch.Tensor | None]
     coef: list[torch.Tensor | None]
     rotation: torch.Tensor | None
     segments: tuple[LoopFormat, ...]

@@ -7,11 +7,11 @@ error. With the Hadamard rotation one K/V outlier ``a`` in a ``head_dim``-dim he
 (5,068 for head_dim 128).
 
 A group is counted when a stored field *is at* the limit: offset byte = -448 (``0xFE``) or
-scale byte = 448 (``0x7E``). The count is read from the meta rows the commit has just written,
-so the CPU reference codec and the Triton commit kernel are counted by the same torch ops,
-without touching the kernels. Rounding the offset down and the scale up onto the FP8 grid puts
-ranges in the last FP8 step (offset in ``(-448, -416)``, scale in ``(416, 448]``) at the limit
-too: those groups are counted one step early, not yet clipped.
+scale byte = 448 (``0x7E``). The count is read from the scale_offset rows the commit has just
+written, so the CPU reference codec and the Triton commit kernel are counted by the same torch
+ops, without touching the kernels. Rounding the offset down and the scale up onto the FP8 grid
+puts ranges in the last FP8 step (offset in ``(-448, -416)``, scale in ``(416, 448]``) at the
+limit too: those groups are counted one step early, not yet clipped.
 
 `ClipCounter` keeps a device ``int64 [num_layers, num_loops]`` tensor, added to by tensor ops
 only (no host sync, CUDA-graph safe: shapes are fixed by ``loc``); `ClipCounter.flush` reads it
@@ -40,18 +40,18 @@ FP8_NEG_MAX_BYTE = 0xFE  # -448 in e4m3fn
 FLUSH_INTERVAL_S = 1.0
 
 
-def saturated_groups(meta: torch.Tensor) -> torch.Tensor:
+def saturated_groups(scale_offset: torch.Tensor) -> torch.Tensor:
     """Groups whose FP8 scale is +448 or offset is -448.
 
     Parameters
     ----------
-    meta: ``[..., D/g, 2]`` uint8, FP8 e4m3fn (scale, offset) bytes as the pool stores them.
+    scale_offset: ``[..., D/g, 2]`` uint8, FP8 e4m3fn (scale, offset) bytes as the pool stores them.
 
     Returns
     -------
     ``[...]`` int64: saturated groups per row (summed over the ``D/g`` groups).
     """
-    sat = (meta[..., 0] == FP8_POS_MAX_BYTE) | (meta[..., 1] == FP8_NEG_MAX_BYTE)
+    sat = (scale_offset[..., 0] == FP8_POS_MAX_BYTE) | (scale_offset[..., 1] == FP8_NEG_MAX_BYTE)
     return sat.sum(-1, dtype=torch.int64)
 
 
@@ -66,12 +66,13 @@ class ClipCounter:
         self._warmup = False
         metrics.init_clipped_groups(num_layers)
 
-    def add(self, *, layer: int, loop: int, meta_rows: torch.Tensor) -> None:
-        """Count the saturated groups of freshly committed ``meta_rows`` (``[n, 2, H, D/g, 2]``).
+    def add(self, *, layer: int, loop: int, scale_offset_rows: torch.Tensor) -> None:
+        """Count the saturated groups of freshly committed ``scale_offset_rows``
+        (``[n, 2, H, D/g, 2]``).
 
         Tensor ops only: safe inside CUDA-graph capture, no host sync.
         """
-        self.counts[layer, loop] += saturated_groups(meta_rows).sum()
+        self.counts[layer, loop] += saturated_groups(scale_offset_rows).sum()
 
     def capture_warmup(self) -> None:
         """The forwards until the next `serving` are CUDA-graph capture warm-ups on dummy inputs;

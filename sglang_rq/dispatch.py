@@ -235,7 +235,7 @@ def graph_blocker(shape: ModelKVShape, cfg: RQConfig) -> str | None:
 
     for st in kv_stacks(shape, cfg):
         segs = st.segments[:st.cfg.group_len(st.shape.num_loops)]
-        view = CompressedLayerView(codes=[], meta=[], coef=[], segments=segs, cfg=st.cfg,
+        view = CompressedLayerView(codes=[], scale_offset=[], coef=[], segments=segs, cfg=st.cfg,
                                    head_dim=st.shape.head_dim,
                                    rotation=None if st.cfg.rotation == "none" else torch.empty(0))
         why = unsupported_reason(view)

@@ -248,7 +248,7 @@ class LoopSegment:
 
     ``role`` is ``anchor`` (stored on its own, ``bits`` in 1..16), ``residual`` (stored as
     ``c * base + R^T deq(r')`` against loop ``base``), ``shared`` (0 bits: ``c * base``).
-    ``code_bytes``, ``meta_bytes`` (FP8 scale+offset), ``coef_bytes`` (BF16 c) are bytes.
+    ``code_bytes``, ``scale_offset_bytes`` (FP8 scale+offset), ``coef_bytes`` (BF16 c) are bytes.
     """
 
     loop_id: int
@@ -256,13 +256,13 @@ class LoopSegment:
     bits: int
     base: int
     code_bytes: int
-    meta_bytes: int
+    scale_offset_bytes: int
     coef_bytes: int
 
     @property
     def nbytes(self) -> int:
         """Bytes of this loop per (token, layer, K-or-V, head)."""
-        return self.code_bytes + self.meta_bytes + self.coef_bytes
+        return self.code_bytes + self.scale_offset_bytes + self.coef_bytes
 
     @property
     def is_quantized(self) -> bool:
@@ -291,13 +291,13 @@ def loop_segments(shape: ModelKVShape, cfg: RQConfig) -> tuple[LoopSegment, ...]
         base = cfg.anchor_of(loop_id, shape.num_loops)
         role = "anchor" if base == loop_id else ("shared" if b == 0 else "residual")
         if b == 16:
-            code, meta = BF16_BYTES * d, 0
+            code, scale_offset = BF16_BYTES * d, 0
         else:
             if (d * b) % 8 != 0:
                 raise RQConfigError(f"head_dim={d} x {b} bits is not a whole number of bytes")
-            code, meta = d * b // 8, (2 * FP8_BYTES * d // g if b > 0 else 0)
+            code, scale_offset = d * b // 8, (2 * FP8_BYTES * d // g if b > 0 else 0)
         coef = BF16_BYTES if (role != "anchor" and cfg.lsq) else 0
-        segs.append(LoopSegment(loop_id, role, b, base, code, meta, coef))
+        segs.append(LoopSegment(loop_id, role, b, base, code, scale_offset, coef))
     return tuple(segs)
 
 

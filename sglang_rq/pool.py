@@ -7,7 +7,8 @@ row = token slot, row 0 is SGLang's padding slot; ``L`` layers of the stack, ``H
 compressed row of a layer holds every loop):
 
 * ``codes[i]``  ``[L, rows, 2, H, code_bytes_i]`` uint8 — packed codes of loop i (K, V),
-* ``meta[i]``   ``[L, rows, 2, H, D/g, 2]`` uint8 — FP8 e4m3fn (scale, offset), quantized loops,
+* ``scale_offset[i]``  ``[L, rows, 2, H, D/g, 2]`` uint8 — FP8 e4m3fn (scale, offset),
+  quantized loops,
 * ``coef[i]``   ``[L, rows, 2, H]`` bf16 — least-squares coefficient c_i, residual loops,
 * ``staging``   ``[G-1, L, staging_tokens, 2, H, D]`` model dtype — the in-flight K/V of the
   earlier loops of the current forward (G = loops per anchor group), committed when the group's
@@ -60,7 +61,7 @@ class StackBuffers:
 
     stack: KVStack
     codes: list[torch.Tensor]
-    meta: list[torch.Tensor | None]
+    scale_offset: list[torch.Tensor | None]
     coef: list[torch.Tensor | None]
     staging: torch.Tensor
     rotation: torch.Tensor | None
@@ -79,8 +80,9 @@ class StackBuffers:
             stack=stack,
             codes=[torch.zeros((n, rows, 2, h, s.code_bytes), dtype=torch.uint8, device=device)
                    for s in segs],
-            meta=[torch.zeros((n, rows, 2, h, d // cfg.group_size, 2), dtype=torch.uint8,
-                              device=device) if s.meta_bytes else None for s in segs],
+            scale_offset=[torch.zeros((n, rows, 2, h, d // cfg.group_size, 2), dtype=torch.uint8,
+                                      device=device) if s.scale_offset_bytes else None
+                          for s in segs],
             coef=[torch.zeros((n, rows, 2, h), dtype=torch.bfloat16, device=device)
                   if s.coef_bytes else None for s in segs],
             staging=torch.zeros((group_len - 1, n, staging_tokens, 2, h, d),
@@ -100,7 +102,7 @@ class StackBuffers:
             return [None if b is None else b[layer] for b in bufs[start:start + n]]
 
         return CompressedLayerView(
-            codes=pick(self.codes), meta=pick(self.meta), coef=pick(self.coef),
+            codes=pick(self.codes), scale_offset=pick(self.scale_offset), coef=pick(self.coef),
             rotation=None if self.rotation is None else self.rotation[layer],
             segments=segs, cfg=self.stack.cfg, head_dim=self.stack.shape.head_dim)
 
@@ -110,7 +112,8 @@ class StackBuffers:
         return self.stack.label_prefix
 
     def buffers(self) -> list[torch.Tensor]:
-        return [b for bufs in (self.codes, self.meta, self.coef) for b in bufs if b is not None]
+        return [b for bufs in (self.codes, self.scale_offset, self.coef) for b in bufs
+                if b is not None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,8 +193,8 @@ class RQTokenToKVPool(MHATokenToKVPool):
         self._init_data_ptrs_and_strides()
 
     def rq_buffers(self) -> list[torch.Tensor]:
-        """Every compressed buffer (codes, meta, coef) of every stack, for byte accounting and
-        row moves."""
+        """Every compressed buffer (codes, scale_offset, coef) of every stack, for byte accounting
+        and row moves."""
         return [b for bufs in self.stacks.values() for b in bufs.buffers()]
 
     def compressed_nbytes(self) -> int:
@@ -266,9 +269,10 @@ class RQTokenToKVPool(MHATokenToKVPool):
         v_loops = torch.cat([staged[:, :, 1], v.unsqueeze(0).to(staged.dtype)], dim=0)
         t.paths.commit.fn(k_loops, v_loops, loc, t.view)
         first = t.loop - t.pos
-        for i, meta in enumerate(t.view.meta):  # FP8 fields at +-448: clipped groups
-            if meta is not None:
-                self.rq_clip.add(layer=t.block, loop=first + i, meta_rows=meta[loc])
+        # FP8 fields at +-448: clipped groups
+        for i, scale_offset in enumerate(t.view.scale_offset):
+            if scale_offset is not None:
+                self.rq_clip.add(layer=t.block, loop=first + i, scale_offset_rows=scale_offset[loc])
         if slot == self.layer_num - 1 and not loc.is_cuda:
             self.rq_clip.flush(force=True)  # CPU: no sync to avoid; publish at once
         # NOTE: committed tokens and twin-served forwards are counted by the backends'

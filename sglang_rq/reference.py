@@ -107,13 +107,13 @@ def unpack_codes(packed: torch.Tensor, *, bits: int) -> torch.Tensor:
     return c.reshape(*packed.shape[:-1], packed.shape[-1] * per).to(torch.uint8)
 
 
-def _meta_bytes(scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+def _scale_offset_bytes(scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     """``[..., G]`` x2 float32 (FP8-exact) -> ``[..., G, 2]`` uint8 (scale, offset)."""
     return torch.stack([scale.to(FP8).view(torch.uint8), offset.to(FP8).view(torch.uint8)], -1)
 
 
-def _meta_values(meta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    m = meta.view(FP8).float()
+def _scale_offset_values(scale_offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    m = scale_offset.view(FP8).float()
     return m[..., 0], m[..., 1]
 
 
@@ -121,23 +121,24 @@ def _meta_values(meta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @dataclass
 class StoredLoop:
     """One loop of one K-or-V tensor as stored: ``codes [..., code_bytes]`` uint8,
-    ``meta [..., D/g, 2]`` uint8 or None, ``coef [...]`` bf16 or None (``...`` = token, head)."""
+    ``scale_offset [..., D/g, 2]`` uint8 or None, ``coef [...]`` bf16 or None (``...`` = token,
+    head)."""
 
     codes: torch.Tensor
-    meta: torch.Tensor | None
+    scale_offset: torch.Tensor | None
     coef: torch.Tensor | None
 
 
 def _store_values(v: torch.Tensor, seg: LoopSegment, group_size: int
                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Quantize ``v [..., D]`` fp32 per ``seg``; returns (codes, meta, dequantized fp32)."""
+    """Quantize ``v [..., D]`` fp32 per ``seg``; returns (codes, scale_offset, dequantized fp32)."""
     if seg.bits == 16:
         b = v.to(torch.bfloat16)
         return b.view(torch.uint8).reshape(*v.shape[:-1], 2 * v.shape[-1]), None, b.float()
     if seg.bits == 0:
         return v.new_zeros(*v.shape[:-1], 0, dtype=torch.uint8), None, torch.zeros_like(v)
     q, s, m = quantize_groups(v, bits=seg.bits, group_size=group_size)
-    return (pack_codes(q, bits=seg.bits), _meta_bytes(s, m),
+    return (pack_codes(q, bits=seg.bits), _scale_offset_bytes(s, m),
             dequantize_groups(q, s, m, group_size=group_size))
 
 
@@ -148,7 +149,7 @@ def _load_values(st: StoredLoop, seg: LoopSegment, head_dim: int, group_size: in
         return st.codes.contiguous().view(torch.bfloat16).reshape(*lead, head_dim).float()
     if seg.bits == 0:
         return torch.zeros(*lead, head_dim, dtype=torch.float32, device=st.codes.device)
-    s, m = _meta_values(st.meta)
+    s, m = _scale_offset_values(st.scale_offset)
     return dequantize_groups(unpack_codes(st.codes, bits=seg.bits), s, m, group_size=group_size)
 
 
@@ -175,7 +176,7 @@ def encode(x_loops: torch.Tensor, *, segments: tuple[LoopSegment, ...], cfg: RQC
     Returns
     -------
     One `StoredLoop` per loop with ``codes [..., num_kv_heads, code_bytes]`` uint8,
-    ``meta [..., num_kv_heads, D/g, 2]`` uint8, ``coef [..., num_kv_heads]`` bf16.
+    ``scale_offset [..., num_kv_heads, D/g, 2]`` uint8, ``coef [..., num_kv_heads]`` bf16.
 
     Note
     ----
@@ -192,9 +193,10 @@ def encode(x_loops: torch.Tensor, *, segments: tuple[LoopSegment, ...], cfg: RQC
         seg = batch[0]
         xi = work[ids]  # [m, ..., H, D]
         if seg.role == "anchor":
-            codes, meta, deq = _store_values(xi, seg, g)
+            codes, scale_offset, deq = _store_values(xi, seg, g)
             for j, i in enumerate(ids):
-                out[i] = StoredLoop(codes[j], None if meta is None else meta[j], None)
+                out[i] = StoredLoop(codes[j], None if scale_offset is None else scale_offset[j],
+                                    None)
                 recon[i] = deq[j]
             continue
         base = torch.stack([recon[s.base] for s in batch])
@@ -205,13 +207,13 @@ def encode(x_loops: torch.Tensor, *, segments: tuple[LoopSegment, ...], cfg: RQC
         res = xi - c.float().unsqueeze(-1) * base
         if not cfg.rotate_anchor:
             res = _rotate(res, rotation)
-        codes, meta, deq = _store_values(res, seg, g)
+        codes, scale_offset, deq = _store_values(res, seg, g)
         if not cfg.rotate_anchor:
             deq = _rotate(deq, rotation, inverse=True)
         rec = c.float().unsqueeze(-1) * base + deq
         for j, i in enumerate(ids):
             recon[i] = rec[j]
-            out[i] = StoredLoop(codes[j], None if meta is None else meta[j],
+            out[i] = StoredLoop(codes[j], None if scale_offset is None else scale_offset[j],
                                 c[j] if cfg.lsq else None)
     return [out[i] for i in range(len(segments))]
 
@@ -290,8 +292,8 @@ def commit_reference(k_loops: torch.Tensor, v_loops: torch.Tensor, loc: torch.Te
     stored = encode(x, segments=view.segments, cfg=view.cfg, rotation=view.rotation_cpu(x))
     for i, st in enumerate(stored):
         view.codes[i][loc] = st.codes.to(view.codes[i].device)
-        if view.meta[i] is not None:
-            view.meta[i][loc] = st.meta.to(view.meta[i].device)
+        if view.scale_offset[i] is not None:
+            view.scale_offset[i][loc] = st.scale_offset.to(view.scale_offset[i].device)
         if view.coef[i] is not None:
             view.coef[i][loc] = st.coef.to(view.coef[i].device)
 
@@ -300,7 +302,7 @@ def gather_rows(view: CompressedLayerView, slots: torch.Tensor, kv: int) -> list
     """The stored loops of rows ``slots`` (``[n]`` int64) for K (``kv=0``) or V (``kv=1``)."""
     return [
         StoredLoop(view.codes[i][slots, kv],
-                   None if view.meta[i] is None else view.meta[i][slots, kv],
+                   None if view.scale_offset[i] is None else view.scale_offset[i][slots, kv],
                    None if view.coef[i] is None else view.coef[i][slots, kv])
         for i in range(len(view.segments))
     ]

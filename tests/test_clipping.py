@@ -49,20 +49,21 @@ def test_single_outlier_saturated_groups(j, a, expected):
     x = torch.zeros(1, 1, 1, D)  # [num_loops, num_tokens, num_kv_heads, head_dim]
     x[0, 0, 0, j] = a
     (stored,) = encode(x, segments=segs, cfg=cfg, rotation=_hadamard().unsqueeze(0))
-    assert stored.meta.shape == (1, 1, D // G, 2)
-    assert int(saturated_groups(stored.meta).sum()) == expected
+    assert stored.scale_offset.shape == (1, 1, D // G, 2)
+    assert int(saturated_groups(stored.scale_offset).sum()) == expected
 
 
 def test_counter_per_layer_and_first_log(caplog):
     c = ClipCounter(num_layers=3, num_loops=4, device="cpu")
-    meta = torch.zeros(2, 2, 1, 4, 2, dtype=torch.uint8)  # [n, K/V, H, D/g, (scale, offset)]
-    meta[0, 0, 0, 1, 1] = 0xFE  # offset -448
-    meta[1, 1, 0, 3, 0] = 0x7E  # scale 448
-    meta[1, 1, 0, 2, 0] = 0x7D  # scale 416: not at the limit
+    # [n, K/V, H, D/g, (scale, offset)]
+    scale_offset = torch.zeros(2, 2, 1, 4, 2, dtype=torch.uint8)
+    scale_offset[0, 0, 0, 1, 1] = 0xFE  # offset -448
+    scale_offset[1, 1, 0, 3, 0] = 0x7E  # scale 448
+    scale_offset[1, 1, 0, 2, 0] = 0x7D  # scale 416: not at the limit
     with caplog.at_level(logging.WARNING, logger="sglang_rq.clipping"):
-        c.add(layer=1, loop=2, meta_rows=meta)
+        c.add(layer=1, loop=2, scale_offset_rows=scale_offset)
         assert c.flush(force=True) == [0, 2, 0]
-        c.add(layer=1, loop=3, meta_rows=meta)
+        c.add(layer=1, loop=3, scale_offset_rows=scale_offset)
         assert c.flush(force=True) == [0, 4, 0]
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1  # first occurrence only
@@ -73,13 +74,14 @@ def test_capture_warmup_counts_are_discarded():
     """GPU finding (2026-12-01): SGLang's eager warm-ups before decode-graph capture committed
     dummy K/V of an outlier layer, 480 saturated groups that no request had."""
     c = ClipCounter(num_layers=2, num_loops=1, device="cpu")
-    meta = torch.full((3, 2, 1, 4, 2), 0x7E, dtype=torch.uint8)  # 3 rows x 2 x 4 groups at limit
+    # 3 rows x 2 x 4 groups at the limit
+    scale_offset = torch.full((3, 2, 1, 4, 2), 0x7E, dtype=torch.uint8)
     counts = c.counts
     c.capture_warmup()
-    c.add(layer=0, loop=0, meta_rows=meta)
+    c.add(layer=0, loop=0, scale_offset_rows=scale_offset)
     c.serving()  # first real forward
     assert c.flush(force=True) == [0, 0]
-    c.add(layer=1, loop=0, meta_rows=meta[:1])
+    c.add(layer=1, loop=0, scale_offset_rows=scale_offset[:1])
     c.serving()  # later forwards keep their counts
     assert c.flush(force=True) == [0, 8]
     assert c.counts is counts  # graphs that recorded the tensor keep counting into it

@@ -11,7 +11,7 @@
  * Pool layout (sglang_rq/pool.py), per stored loop of the layer:
  *   codes [rows, 2, H, code_bytes] uint8, codes of element e at bits (e % per) * bits of byte
  *         e / per (per = 8 / bits),
- *   meta  [rows, 2, H, D/g, 2] uint8, FP8 e4m3fn (scale, offset) per quantization group,
+ *   scale_offset  [rows, 2, H, D/g, 2] uint8, FP8 e4m3fn (scale, offset) per quantization group,
  *   coef  [rows, 2, H] bf16, least-squares coefficient c_i (residual loops, LSQ on).
  * Strides are in elements of each buffer's dtype. Standard C11 + OpenMP; no Python headers.
  */
@@ -28,8 +28,8 @@
 typedef struct {
     uint8_t *codes;
     int64_t codes_row, codes_kv, codes_head;
-    uint8_t *meta;        /* NULL: no scale/offset (0-bit loop) */
-    int64_t meta_row, meta_kv, meta_head;
+    uint8_t *scale_offset;        /* NULL: no scale/offset (0-bit loop) */
+    int64_t scale_offset_row, scale_offset_kv, scale_offset_head;
     uint16_t *coef;       /* NULL: c = 1 */
     int64_t coef_row, coef_kv, coef_head;
     int32_t bits;         /* 0, 2, 4 or 8 */
@@ -128,14 +128,12 @@ static inline __attribute__((always_inline)) void unpack_group(const uint8_t *re
 }
 
 /* codes of one (row, kv, head) -> dst[D] = scale_g * code in plane order, off[g] = offset_g */
-static inline __attribute__((always_inline)) void unpack_scaled(const uint8_t *restrict src,
-                                                                const uint8_t *restrict meta,
-                                                                int bits, int64_t D, const int64_t G,
-                                                                float *restrict dst,
-                                                                float *restrict off) {
+static inline __attribute__((always_inline)) void
+unpack_scaled(const uint8_t *restrict src, const uint8_t *restrict scale_offset, int bits,
+              int64_t D, const int64_t G, float *restrict dst, float *restrict off) {
     for (int64_t g0 = 0, gi = 0; g0 < D; g0 += G, ++gi) {
-        const float sc = fp8_e4m3fn_table[meta[2 * gi]];
-        off[gi] = fp8_e4m3fn_table[meta[2 * gi + 1]];
+        const float sc = fp8_e4m3fn_table[scale_offset[2 * gi]];
+        off[gi] = fp8_e4m3fn_table[scale_offset[2 * gi + 1]];
         if (bits == 4) unpack_group(src + (g0 >> 1), sc, 2, G, dst + g0);
         else if (bits == 2) unpack_group(src + (g0 >> 2), sc, 4, G, dst + g0);
         else unpack_group(src + g0, sc, 1, G, dst + g0);
@@ -143,16 +141,18 @@ static inline __attribute__((always_inline)) void unpack_scaled(const uint8_t *r
 }
 
 /* Software prefetch of a later history row: the rows of one KV head are 2*H*code_bytes apart
- * and several streams (codes, meta, coefficients of every stored loop) interleave, more than the
- * hardware prefetchers follow; without it the unpack waits on the codes' cache misses. */
+ * and several streams (codes, scale_offset, coefficients of every stored loop) interleave, more
+ * than the hardware prefetchers follow; without it the unpack waits on the codes' cache misses. */
 #define RQ_PREFETCH_AHEAD 4
 
 static inline const uint8_t *loop_codes(const rq_stored_loop *L, int64_t row, int kv, int64_t h) {
     return L->codes + row * L->codes_row + kv * L->codes_kv + h * L->codes_head;
 }
 
-static inline const uint8_t *loop_meta(const rq_stored_loop *L, int64_t row, int kv, int64_t h) {
-    return L->meta + row * L->meta_row + kv * L->meta_kv + h * L->meta_head;
+static inline const uint8_t *loop_scale_offset(const rq_stored_loop *L, int64_t row, int kv,
+                                               int64_t h) {
+    return L->scale_offset + row * L->scale_offset_row + kv * L->scale_offset_kv +
+           h * L->scale_offset_head;
 }
 
 /* Weight of each chain member in x = deq_0 + c_0 (deq_1 + c_1 (... deq_anchor)):
@@ -163,7 +163,7 @@ static inline void prefetch_row(const rq_stored_loop *chain, int n, int64_t row,
         const rq_stored_loop *L = &chain[k];
         if (L->bits) {
             __builtin_prefetch(loop_codes(L, row, kv, h));
-            __builtin_prefetch(loop_meta(L, row, kv, h));
+            __builtin_prefetch(loop_scale_offset(L, row, kv, h));
         }
         if (L->coef) __builtin_prefetch(L->coef + row * L->coef_row + kv * L->coef_kv + h * L->coef_head);
     }
@@ -183,7 +183,7 @@ static inline void chain_weights(const rq_stored_loop *chain, int n, int64_t row
  * consumed at once, no scratch row. K: sum_g s_g (q'_g . codes_g) + m_g sum(q'_g), with the
  * group's partial dot kept in vector registers and scaled by s_g before one final reduction. */
 static inline __attribute__((always_inline)) float k_dot_fused(const uint8_t *restrict codes,
-                                                              const uint8_t *restrict meta,
+                                                              const uint8_t *restrict scale_offset,
                                                               const float *restrict qk,
                                                               const float *restrict qsum,
                                                               const int PER, const int64_t D,
@@ -194,8 +194,8 @@ static inline __attribute__((always_inline)) float k_dot_fused(const uint8_t *re
     f32x8 tot = {0};
     float offs = 0.0f, tail = 0.0f;
     for (int64_t g0 = 0, gi = 0; g0 < D; g0 += G, ++gi) {
-        const float sc = fp8_e4m3fn_table[meta[2 * gi]];
-        offs += fp8_e4m3fn_table[meta[2 * gi + 1]] * qsum[gi];
+        const float sc = fp8_e4m3fn_table[scale_offset[2 * gi]];
+        offs += fp8_e4m3fn_table[scale_offset[2 * gi + 1]] * qsum[gi];
         const uint8_t *restrict c = codes + g0 / PER;
         const float *restrict qg = qk + g0;
         if (sub % 8 == 0) {
@@ -223,7 +223,7 @@ static inline __attribute__((always_inline)) float k_dot_fused(const uint8_t *re
 
 /* V: ar[D] += pw * s_g * codes (plane order), offr[g] += pw * m_g. */
 static inline __attribute__((always_inline)) void v_axpy_fused(const uint8_t *restrict codes,
-                                                              const uint8_t *restrict meta,
+                                                              const uint8_t *restrict scale_offset,
                                                               float pw, float *restrict ar,
                                                               float *restrict offr, const int PER,
                                                               const int64_t D, const int64_t G) {
@@ -231,8 +231,8 @@ static inline __attribute__((always_inline)) void v_axpy_fused(const uint8_t *re
     const int bits = 8 / PER;
     const uint8_t mask = (uint8_t)((1 << bits) - 1);
     for (int64_t g0 = 0, gi = 0; g0 < D; g0 += G, ++gi) {
-        const float a = pw * fp8_e4m3fn_table[meta[2 * gi]];
-        offr[gi] += pw * fp8_e4m3fn_table[meta[2 * gi + 1]];
+        const float a = pw * fp8_e4m3fn_table[scale_offset[2 * gi]];
+        offr[gi] += pw * fp8_e4m3fn_table[scale_offset[2 * gi + 1]];
         const uint8_t *restrict c = codes + g0 / PER;
         float *restrict dg = ar + g0;
         if (sub % 8 == 0) {
@@ -312,7 +312,8 @@ static inline __attribute__((always_inline)) void attend_item(const rq_problem *
                 if (!L->bits) continue;
                 const float wk = w[j * n + k];
                 if (rows == 1) {
-                    const uint8_t *cd = loop_codes(L, row, 0, h), *mt = loop_meta(L, row, 0, h);
+                    const uint8_t *cd = loop_codes(L, row, 0, h);
+                    const uint8_t *mt = loop_scale_offset(L, row, 0, h);
                     const float *qk = qp + k * D, *qsum = qs + k * NG;
                     const float dot = L->bits == 4 ? k_dot_fused(cd, mt, qk, qsum, 2, D, G)
                                     : L->bits == 2 ? k_dot_fused(cd, mt, qk, qsum, 4, D, G)
@@ -320,8 +321,8 @@ static inline __attribute__((always_inline)) void attend_item(const rq_problem *
                     s[j] += wk * dot;
                     continue;
                 }
-                unpack_scaled(loop_codes(L, row, 0, h), loop_meta(L, row, 0, h), L->bits, D, G,
-                              tmp, goff);
+                unpack_scaled(loop_codes(L, row, 0, h), loop_scale_offset(L, row, 0, h), L->bits,
+                              D, G, tmp, goff);
                 for (int64_t r = 0; r < rows; ++r) {
                     const float *restrict qk = qp + (r * n + k) * D;
                     const float *restrict qsum = qs + (r * n + k) * NG;
@@ -363,7 +364,8 @@ static inline __attribute__((always_inline)) void attend_item(const rq_problem *
                 if (!L->bits) continue;
                 const float wk = w[j * n + k];
                 if (rows == 1) {
-                    const uint8_t *cd = loop_codes(L, row, 1, h), *mt = loop_meta(L, row, 1, h);
+                    const uint8_t *cd = loop_codes(L, row, 1, h);
+                    const uint8_t *mt = loop_scale_offset(L, row, 1, h);
                     const float pw = s[j] * wk;
                     float *ar = acc + k * D;
                     if (L->bits == 4) v_axpy_fused(cd, mt, pw, ar, off, 2, D, G);
@@ -371,8 +373,8 @@ static inline __attribute__((always_inline)) void attend_item(const rq_problem *
                     else v_axpy_fused(cd, mt, pw, ar, off, 1, D, G);
                     continue;
                 }
-                unpack_scaled(loop_codes(L, row, 1, h), loop_meta(L, row, 1, h), L->bits, D, G,
-                              tmp, goff);
+                unpack_scaled(loop_codes(L, row, 1, h), loop_scale_offset(L, row, 1, h), L->bits,
+                              D, G, tmp, goff);
                 for (int64_t r = 0; r < rows; ++r) {
                     const float pw = s[r * RQ_BLOCK_N + j] * wk;
                     float *restrict ar = acc + (r * n + k) * D;
@@ -439,7 +441,8 @@ int rq_history_attention(int64_t B, int64_t HQ, int64_t HKV, int64_t D, int64_t 
     if (n < 1 || n > RQ_MAX_CHAIN) return -2;
     for (int64_t k = 0; k < n; ++k) {
         const int bits = chain[k].bits;
-        if (!(bits == 0 || bits == 2 || bits == 4 || bits == 8) || (bits && !chain[k].meta)) return -2;
+        if (!(bits == 0 || bits == 2 || bits == 4 || bits == 8) || (bits && !chain[k].scale_offset))
+            return -2;
         if (bits && G % (8 / bits) != 0) return -1;
     }
     if (!fp8_table_ready) build_fp8_table();
@@ -521,9 +524,9 @@ static inline uint16_t float_to_bf16_rne(float f) {
     return (uint16_t)((c.u + rounding) >> 16);
 }
 
-/* Quantize x[D] with `bits` in groups of G into packed codes, meta bytes, and deq[D]. */
+/* Quantize x[D] with `bits` in groups of G into packed codes, scale_offset bytes, and deq[D]. */
 static void quantize_pack(const float *x, int bits, int64_t D, int64_t G, uint8_t *codes,
-                          uint8_t *meta, float *deq) {
+                          uint8_t *scale_offset, float *deq) {
     const int per = 8 / bits;
     const float levels = (float)((1 << bits) - 1);
     memset(codes, 0, (size_t)(D / per));
@@ -538,8 +541,8 @@ static void quantize_pack(const float *x, int bits, int64_t D, int64_t G, uint8_
         const float range = mxv - off;
         const uint8_t sb = fp8_round_byte(range / levels, 1);
         const float sc = fp8_e4m3fn_table[sb];
-        meta[2 * gi] = sb;
-        meta[2 * gi + 1] = ob;
+        scale_offset[2 * gi] = sb;
+        scale_offset[2 * gi + 1] = ob;
         for (int64_t e = g0; e < g0 + G; ++e) {
             float q = 0.0f;
             if (sc > 0.0f) {
@@ -576,7 +579,7 @@ int rq_commit(int64_t L, int64_t T, int64_t H, int64_t D, int64_t G, const float
     for (int64_t u = 0; u < units; ++u) {
         const int64_t t = u / (2 * H), kv = (u / H) % 2, h = u % H;
         float recon[RQ_MAX_CHAIN][RQ_MAX_D], res[RQ_MAX_D], deq[RQ_MAX_D];
-        uint8_t codes[RQ_MAX_D], meta[RQ_MAX_D / 8 * 2 + 2];
+        uint8_t codes[RQ_MAX_D], scale_offset[RQ_MAX_D / 8 * 2 + 2];
         const int64_t row = loc[t];
         for (int64_t oi = 0; oi < L; ++oi) {
             const int64_t i = order[oi];
@@ -584,7 +587,7 @@ int rq_commit(int64_t L, int64_t T, int64_t H, int64_t D, int64_t G, const float
             const float *xi = x + (((i * T + t) * 2 + kv) * H + h) * D;
             const int64_t per = S->bits ? 8 / S->bits : 1;
             if (S->base == i) { /* anchor */
-                quantize_pack(xi, S->bits, D, G, codes, meta, recon[i]);
+                quantize_pack(xi, S->bits, D, G, codes, scale_offset, recon[i]);
             } else {
                 const float *base = recon[S->base];
                 float c = 1.0f;
@@ -602,7 +605,7 @@ int rq_commit(int64_t L, int64_t T, int64_t H, int64_t D, int64_t G, const float
                     const float cbase = c * base[e];
                     res[e] = xi[e] - cbase;
                 }
-                if (S->bits) quantize_pack(res, S->bits, D, G, codes, meta, deq);
+                if (S->bits) quantize_pack(res, S->bits, D, G, codes, scale_offset, deq);
                 else memset(deq, 0, sizeof(float) * (size_t)D);
                 for (int64_t e = 0; e < D; ++e) {
                     const float cbase = c * base[e];
@@ -613,7 +616,9 @@ int rq_commit(int64_t L, int64_t T, int64_t H, int64_t D, int64_t G, const float
             if (S->bits) {
                 memcpy(S->codes + row * S->codes_row + kv * S->codes_kv + h * S->codes_head, codes,
                        (size_t)(D / per));
-                memcpy(S->meta + row * S->meta_row + kv * S->meta_kv + h * S->meta_head, meta,
+                memcpy(S->scale_offset + row * S->scale_offset_row + kv * S->scale_offset_kv +
+                           h * S->scale_offset_head,
+                       scale_offset,
                        (size_t)(2 * (D / G)));
             }
         }

@@ -76,11 +76,12 @@ def _pack(q, BITS: tl.constexpr, BLOCK_T: tl.constexpr, DP: tl.constexpr):
 
 
 @triton.jit
-def _store_loop(q, scale, off, loc, t_mask, codes, s_code, meta, s_meta, BITS: tl.constexpr,
-                D: tl.constexpr, NG: tl.constexpr, BLOCK_T: tl.constexpr, DP: tl.constexpr,
-                NGP: tl.constexpr):
-    """Store packed codes at ``codes + loc*s_code`` and FP8 meta at ``meta + loc*s_meta``
-    (both already offset to this program's K-or-V and head)."""
+def _store_loop(q, scale, off, loc, t_mask, codes, s_code, scale_offset, s_scale_offset,
+                BITS: tl.constexpr, D: tl.constexpr, NG: tl.constexpr, BLOCK_T: tl.constexpr,
+                DP: tl.constexpr, NGP: tl.constexpr):
+    """Store packed codes at ``codes + loc*s_code`` and the FP8 (scale, offset) bytes at
+    ``scale_offset + loc*s_scale_offset`` (both already offset to this program's K-or-V and
+    head)."""
     CB: tl.constexpr = DP * BITS // 8
     col = tl.arange(0, CB)
     m = t_mask[:, None] & (col[None, :] < D * BITS // 8)
@@ -88,7 +89,8 @@ def _store_loop(q, scale, off, loc, t_mask, codes, s_code, meta, s_meta, BITS: t
     grp = tl.arange(0, NGP)
     two = tl.arange(0, 2)
     mb = tl.join(f32_to_fp8_bits(scale), f32_to_fp8_bits(off))  # [BLOCK_T, NGP, 2]
-    ptr = meta + loc[:, None, None] * s_meta + grp[None, :, None] * 2 + two[None, None, :]
+    ptr = (scale_offset + loc[:, None, None] * s_scale_offset + grp[None, :, None] * 2
+           + two[None, None, :])
     tl.store(ptr, mb, mask=t_mask[:, None, None] & (grp[None, :, None] < NG))
 
 
@@ -110,8 +112,9 @@ def _load_loop(X, loop, s_loop, s_tok, s_head, head, tok, t_mask, rot, s_rterm, 
 
 
 @triton.jit
-def _commit_anchor(X, Codes, SCodes, Meta, SMeta, kv, head, loc, tok, t_mask, s_loop, s_tok,
-                   s_head, rot, s_rterm, s_rrow, alpha, rmat, A: tl.constexpr, BITS: tl.constexpr,
+def _commit_anchor(X, Codes, SCodes, ScaleOffset, SScaleOffset, kv, head, loc, tok, t_mask,
+                   s_loop, s_tok, s_head, rot, s_rterm, s_rrow, alpha, rmat, A: tl.constexpr,
+                   BITS: tl.constexpr,
                    HAS_ROT: tl.constexpr, TERMS: tl.constexpr, D: tl.constexpr,
                    DP: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr,
                    BLOCK_T: tl.constexpr, HOIST_R: tl.constexpr,
@@ -122,14 +125,16 @@ def _commit_anchor(X, Codes, SCodes, Meta, SMeta, kv, head, loc, tok, t_mask, s_
     qa, sa, oa = _quantize(xa, (1 << BITS[A]) - 1, BLOCK_T, NGP, G, INTERP)
     _store_loop(qa, sa, oa, loc, t_mask,
                 Codes[A] + kv * SCodes[3 * A + 1] + head * SCodes[3 * A + 2], SCodes[3 * A],
-                Meta[A] + kv * SMeta[3 * A + 1] + head * SMeta[3 * A + 2], SMeta[3 * A],
+                ScaleOffset[A] + kv * SScaleOffset[3 * A + 1] + head * SScaleOffset[3 * A + 2],
+                SScaleOffset[3 * A],
                 BITS[A], D, NG, BLOCK_T, DP, NGP)
     return _dequantize(qa, sa, oa, BLOCK_T, NGP, G)
 
 
 @triton.jit
-def _commit_residual(X, Codes, SCodes, Meta, SMeta, Coef, SCoef, kv, head, loc, tok, t_mask,
-                     s_loop, s_tok, s_head, rot, s_rterm, s_rrow, alpha, rmat, ahat, den,
+def _commit_residual(X, Codes, SCodes, ScaleOffset, SScaleOffset, Coef, SCoef, kv, head, loc,
+                     tok, t_mask, s_loop, s_tok, s_head, rot, s_rterm, s_rrow, alpha, rmat, ahat,
+                     den,
                      I: tl.constexpr, BITS: tl.constexpr, LSQ: tl.constexpr,
                      HAS_ROT: tl.constexpr, TERMS: tl.constexpr, D: tl.constexpr,
                      DP: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr,
@@ -149,7 +154,8 @@ def _commit_residual(X, Codes, SCodes, Meta, SMeta, Coef, SCoef, kv, head, loc, 
         qr, sr, orr = _quantize(r, (1 << BITS[I]) - 1, BLOCK_T, NGP, G, INTERP)
         _store_loop(qr, sr, orr, loc, t_mask,
                     Codes[I] + kv * SCodes[3 * I + 1] + head * SCodes[3 * I + 2], SCodes[3 * I],
-                    Meta[I] + kv * SMeta[3 * I + 1] + head * SMeta[3 * I + 2], SMeta[3 * I],
+                    ScaleOffset[I] + kv * SScaleOffset[3 * I + 1]
+                    + head * SScaleOffset[3 * I + 2], SScaleOffset[3 * I],
                     BITS[I], D, NG, BLOCK_T, DP, NGP)
 
 
@@ -157,7 +163,8 @@ def _commit_residual(X, Codes, SCodes, Meta, SMeta, Coef, SCoef, kv, head, loc, 
 def rq_commit_kernel(
     K, V, s_loop, s_tok, s_head,  # [L, T, H, D] bf16, last dim contiguous (same strides)
     Loc, num_tokens,  # [T] int64
-    Codes, SCodes, Meta, SMeta, Coef, SCoef,  # per-loop tuples; strides flattened (row, kv, head)
+    # per-loop tuples; strides flattened (row, kv, head)
+    Codes, SCodes, ScaleOffset, SScaleOffset, Coef, SCoef,
     Rot, s_rterm, s_rhead, s_rrow, alpha,  # [TERMS, H, DP, DP] bf16, R = alpha * sum(terms)
     NUM_LOOPS: tl.constexpr, GROUP_LEN: tl.constexpr, ANCHOR_POS: tl.constexpr,
     BITS: tl.constexpr, LSQ: tl.constexpr, HAS_ROT: tl.constexpr, TERMS: tl.constexpr,
@@ -181,14 +188,14 @@ def rq_commit_kernel(
     else:
         X = V
     for g0 in tl.static_range(0, NUM_LOOPS, GROUP_LEN):
-        ahat = _commit_anchor(X, Codes, SCodes, Meta, SMeta, kv, head, loc, tok, t_mask, s_loop,
-                              s_tok, s_head, rot, s_rterm, s_rrow, alpha, rmat, g0 + ANCHOR_POS,
-                              BITS, HAS_ROT, TERMS, D, DP, G, NG, NGP, BLOCK_T, HOIST_R,
-                              INTERP)
+        ahat = _commit_anchor(X, Codes, SCodes, ScaleOffset, SScaleOffset, kv, head, loc, tok,
+                              t_mask, s_loop, s_tok, s_head, rot, s_rterm, s_rrow, alpha, rmat,
+                              g0 + ANCHOR_POS, BITS, HAS_ROT, TERMS, D, DP, G, NG, NGP, BLOCK_T,
+                              HOIST_R, INTERP)
         den = tl.maximum(tl.sum(ahat * ahat, axis=1), 1e-12)
         for j in tl.static_range(GROUP_LEN):
             if j != ANCHOR_POS:
-                _commit_residual(X, Codes, SCodes, Meta, SMeta, Coef, SCoef, kv, head, loc, tok,
-                                 t_mask, s_loop, s_tok, s_head, rot, s_rterm, s_rrow, alpha,
-                                 rmat, ahat, den, g0 + j, BITS, LSQ, HAS_ROT, TERMS, D, DP, G,
-                                 NG, NGP, BLOCK_T, HOIST_R, INTERP)
+                _commit_residual(X, Codes, SCodes, ScaleOffset, SScaleOffset, Coef, SCoef, kv, head,
+                                 loc, tok, t_mask, s_loop, s_tok, s_head, rot, s_rterm, s_rrow,
+                                 alpha, rmat, ahat, den, g0 + j, BITS, LSQ, HAS_ROT, TERMS, D, DP,
+                                 G, NG, NGP, BLOCK_T, HOIST_R, INTERP)

@@ -164,7 +164,7 @@ def load_rows(base, slot, s_row, col, n_mask, NCOL):
 
 
 @triton.jit
-def load_meta_raw(base, slot, s_row, n_mask, NG, NGP: tl.constexpr):
+def load_scale_offset_raw(base, slot, s_row, n_mask, NG, NGP: tl.constexpr):
     """Raw FP8 (scale, offset) bytes of ``NGP`` groups per row, ``[N, 2*NGP]`` uint8 (rows are
     contiguous ``2*NG`` bytes, so the load is one vector per row and can be pipelined)."""
     col = tl.arange(0, 2 * NGP)
@@ -173,16 +173,16 @@ def load_meta_raw(base, slot, s_row, n_mask, NG, NGP: tl.constexpr):
 
 
 @triton.jit
-def split_meta(raw, NGP: tl.constexpr):
+def split_scale_offset(raw, NGP: tl.constexpr):
     """``[N, 2*NGP]`` raw bytes -> scale, offset ``[N, NGP]`` float32."""
     s, o = tl.split(tl.reshape(fp8_bits_to_f32(raw), [raw.shape[0], NGP, 2]))
     return s, o
 
 
 @triton.jit
-def load_meta(base, slot, s_row, n_mask, NG, NGP: tl.constexpr):
+def load_scale_offset(base, slot, s_row, n_mask, NG, NGP: tl.constexpr):
     """FP8 (scale, offset) pairs of ``NGP`` groups per row -> 2x ``[N, NGP]`` float32."""
-    return split_meta(load_meta_raw(base, slot, s_row, n_mask, NG, NGP), NGP)
+    return split_scale_offset(load_scale_offset_raw(base, slot, s_row, n_mask, NG, NGP), NGP)
 
 
 @triton.jit

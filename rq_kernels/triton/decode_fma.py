@@ -3,7 +3,7 @@
 Plain CUDA-core kernel, no tensor cores in the main loop (decode is memory-bound). The split
 kernel streams ``BLOCK_N`` history tokens per tile. One program handles one (KV head, request,
 split). KV heads are the fastest grid axis, so the head programs of one (request, split) read
-the same token rows together and share their meta and coefficient sectors in L2.
+the same token rows together and share their scale_offset and coefficient sectors in L2.
 
 Code words, not bytes
 ---------------------
@@ -111,7 +111,7 @@ def _decode_words(w, mg, BITS: tl.constexpr, G: tl.constexpr, NGP: tl.constexpr,
 
 
 @triton.jit
-def _gather_meta(base, slot, s_row, n_mask, NG, NGP: tl.constexpr):
+def _gather_scale_offset(base, slot, s_row, n_mask, NG, NGP: tl.constexpr):
     """Raw FP8 (scale, offset) bytes ``[BLOCK_N, NGP, 2]`` uint8. The 3-D shape with a
     contiguous last dim gives the same thread mapping as the code tiles (Triton 3.6 and 3.8), so
     no shared-memory layout conversion is needed per tile."""
@@ -122,17 +122,17 @@ def _gather_meta(base, slot, s_row, n_mask, NG, NGP: tl.constexpr):
 
 
 @triton.jit
-def _meta_values(x):
+def _scale_offset_values(x):
     """``[BLOCK_N, NGP, 2]`` FP8 bytes -> (scale, offset) ``[BLOCK_N, NGP]`` fp32."""
     s, o = tl.split(x)
     return fp8_bits_to_f32(s), fp8_bits_to_f32(o)
 
 
 @triton.jit
-def _anchor_meta(x, cw, HAS_COEF: tl.constexpr):
-    """The anchor's (scale, offset) of `_meta_values`, times the LSQ coefficient ``c`` of each
-    token (``cw`` ``[BLOCK_N]`` bf16) when the loop has one."""
-    s, o = _meta_values(x)
+def _anchor_scale_offset(x, cw, HAS_COEF: tl.constexpr):
+    """The anchor's (scale, offset) of `_scale_offset_values`, times the LSQ coefficient ``c`` of
+    each token (``cw`` ``[BLOCK_N]`` bf16) when the loop has one."""
+    s, o = _scale_offset_values(x)
     if HAS_COEF:
         c = cw.to(tl.float32)
         s = s * c[:, None]
@@ -141,12 +141,13 @@ def _anchor_meta(x, cw, HAS_COEF: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(n0, hi, KvIndices, start, Ac, s_ac_r, s_ac_kv, Am, s_am_r, s_am_kv, Rc, s_rc_r,
-               s_rc_kv, Rm, s_rm_r, s_rm_kv, Cf, s_cf_r, s_cf_kv, NG,
+def _load_tile(n0, hi, KvIndices, start, Ac, s_ac_r, s_ac_kv, Aso, s_aso_r, s_aso_kv, Rc, s_rc_r,
+               s_rc_kv, Rso, s_rso_r, s_rso_kv, Cf, s_cf_r, s_cf_kv, NG,
                G: tl.constexpr, NGP: tl.constexpr, A_BITS: tl.constexpr, R_BITS: tl.constexpr,
                HAS_COEF: tl.constexpr, BLOCK_N: tl.constexpr, IDX64: tl.constexpr):
-    """Every global load of one tile (raw words, meta pairs, coefficients). Bases already point
-    at this program's KV head. Loops without a residual or coefficients get 1-element dummies."""
+    """Every global load of one tile (raw words, (scale, offset) pairs, coefficients). Bases
+    already point at this program's KV head. Loops without a residual or coefficients get
+    1-element dummies."""
     offs = n0 + tl.arange(0, BLOCK_N)
     n_mask = offs < hi
     slot = tl.load(KvIndices + start + offs, mask=n_mask, other=0)
@@ -154,25 +155,25 @@ def _load_tile(n0, hi, KvIndices, start, Ac, s_ac_r, s_ac_kv, Am, s_am_r, s_am_k
         slot = slot.to(tl.int32)
     ka = _gather_words(Ac, slot, s_ac_r, n_mask, NG, A_BITS, G, NGP)
     va = _gather_words(Ac + s_ac_kv, slot, s_ac_r, n_mask, NG, A_BITS, G, NGP)
-    kam = _gather_meta(Am, slot, s_am_r, n_mask, NG, NGP)
-    vam = _gather_meta(Am + s_am_kv, slot, s_am_r, n_mask, NG, NGP)
+    kaso = _gather_scale_offset(Aso, slot, s_aso_r, n_mask, NG, NGP)
+    vaso = _gather_scale_offset(Aso + s_aso_kv, slot, s_aso_r, n_mask, NG, NGP)
     if R_BITS > 0:
         kr = _gather_words(Rc, slot, s_rc_r, n_mask, NG, R_BITS, G, NGP)
         vr = _gather_words(Rc + s_rc_kv, slot, s_rc_r, n_mask, NG, R_BITS, G, NGP)
-        krm = _gather_meta(Rm, slot, s_rm_r, n_mask, NG, NGP)
-        vrm = _gather_meta(Rm + s_rm_kv, slot, s_rm_r, n_mask, NG, NGP)
+        krso = _gather_scale_offset(Rso, slot, s_rso_r, n_mask, NG, NGP)
+        vrso = _gather_scale_offset(Rso + s_rso_kv, slot, s_rso_r, n_mask, NG, NGP)
     else:
         kr = tl.zeros([1], tl.int32)
         vr = tl.zeros([1], tl.int32)
-        krm = tl.zeros([1], tl.uint8)
-        vrm = tl.zeros([1], tl.uint8)
+        krso = tl.zeros([1], tl.uint8)
+        vrso = tl.zeros([1], tl.uint8)
     if HAS_COEF:
         ck = tl.load(Cf + slot * s_cf_r, mask=n_mask, other=0.0)
         cv = tl.load(Cf + s_cf_kv + slot * s_cf_r, mask=n_mask, other=0.0)
     else:
         ck = tl.zeros([1], tl.bfloat16)
         cv = tl.zeros([1], tl.bfloat16)
-    return n_mask, ka, va, kam, vam, kr, vr, krm, vrm, ck, cv
+    return n_mask, ka, va, kaso, vaso, kr, vr, krso, vrso, ck, cv
 
 
 @triton.jit
@@ -252,9 +253,9 @@ def rq_decode_fma_split_kernel(
     Q, s_qb, s_qh,  # [B, H, D] bf16
     KvIndptr, KvIndices,  # [B+1] int32, [nnz] int64
     Ac, s_ac_r, s_ac_kv, s_ac_h: tl.constexpr,  # anchor code words [rows, 2, H, DA/4] int32
-    Am, s_am_r, s_am_kv, s_am_h: tl.constexpr,  # anchor meta [rows, 2, H, NG, 2] uint8
+    Aso, s_aso_r, s_aso_kv, s_aso_h: tl.constexpr,  # anchor scale_offset [rows, 2, H, NG, 2] uint8
     Rc, s_rc_r, s_rc_kv, s_rc_h: tl.constexpr,  # residual code words (or dummy)
-    Rm, s_rm_r, s_rm_kv, s_rm_h: tl.constexpr,  # residual meta (or dummy)
+    Rso, s_rso_r, s_rso_kv, s_rso_h: tl.constexpr,  # residual scale_offset (or dummy)
     Cf, s_cf_r, s_cf_kv, s_cf_h,  # coefficients [rows, 2, H] bf16 (or dummy)
     Rot, s_rterm, s_rhead, s_rrow, alpha,  # [TERMS, H, DP, DP] bf16
     MidO, MidML,  # [B, H, S, DP] fp32, [B, H, S, 2] fp32
@@ -303,32 +304,32 @@ def rq_decode_fma_split_kernel(
     acc_m = tl.zeros([BLOCK_N, NGP], tl.float32)
 
     Ach = Ac + hk * s_ac_h
-    Amh = Am + hk * s_am_h
+    Asoh = Aso + hk * s_aso_h
     Rch = Rc + hk * s_rc_h
-    Rmh = Rm + hk * s_rm_h
+    Rsoh = Rso + hk * s_rso_h
     Cfh = Cf + hk * s_cf_h
     # register double buffer: tile i+1's loads are in flight during tile i
     t_mask, t_ka, t_va, t_kam, t_vam, t_kr, t_vr, t_krm, t_vrm, t_ck, t_cv = _load_tile(
-        lo, hi, KvIndices, start, Ach, s_ac_r, s_ac_kv, Amh, s_am_r, s_am_kv, Rch, s_rc_r,
-        s_rc_kv, Rmh, s_rm_r, s_rm_kv, Cfh, s_cf_r, s_cf_kv, NG, G, NGP, A_BITS, R_BITS,
+        lo, hi, KvIndices, start, Ach, s_ac_r, s_ac_kv, Asoh, s_aso_r, s_aso_kv, Rch, s_rc_r,
+        s_rc_kv, Rsoh, s_rso_r, s_rso_kv, Cfh, s_cf_r, s_cf_kv, NG, G, NGP, A_BITS, R_BITS,
         HAS_COEF, BLOCK_N, IDX64)
     for n0 in range(lo, hi, BLOCK_N):
-        n_mask, kaw, vaw, kam, vam, krw, vrw, krm, vrm, ckw, cvw = (
+        n_mask, kaw, vaw, kaso, vaso, krw, vrw, krso, vrso, ckw, cvw = (
             t_mask, t_ka, t_va, t_kam, t_vam, t_kr, t_vr, t_krm, t_vrm, t_ck, t_cv)
         t_mask, t_ka, t_va, t_kam, t_vam, t_kr, t_vr, t_krm, t_vrm, t_ck, t_cv = _load_tile(
-            n0 + BLOCK_N, hi, KvIndices, start, Ach, s_ac_r, s_ac_kv, Amh, s_am_r, s_am_kv,
-            Rch, s_rc_r, s_rc_kv, Rmh, s_rm_r, s_rm_kv, Cfh, s_cf_r, s_cf_kv, NG, G, NGP,
+            n0 + BLOCK_N, hi, KvIndices, start, Ach, s_ac_r, s_ac_kv, Asoh, s_aso_r, s_aso_kv,
+            Rch, s_rc_r, s_rc_kv, Rsoh, s_rso_r, s_rso_kv, Cfh, s_cf_r, s_cf_kv, NG, G, NGP,
             A_BITS, R_BITS, HAS_COEF, BLOCK_N, IDX64)
         # ---- K: per-group dots X[n, g] = sum_e code * q'
         if not K_IDP:
             ka = _decode_words(kaw, magic, A_BITS, G, NGP, BLOCK_N)
-        sk, ok = _anchor_meta(kam, ckw, HAS_COEF)
+        sk, ok = _anchor_scale_offset(kaso, ckw, HAS_COEF)
         if K_IDP:
             lg2 = _kdot_idp(kaw, qa_hi, qa_lo, sq, A_BITS, INTERP) * sk
         else:
             lg2 = tl.sum(ka * qg[None, :, :], axis=2) * sk  # [BLOCK_N, NGP]
         if R_BITS > 0:
-            skr, okr = _meta_values(krm)
+            skr, okr = _scale_offset_values(krso)
             ok += okr
             if K_IDP:
                 lg2 += _kdot_idp(krw, qr_hi, qr_lo, sq, R_BITS, INTERP) * skr
@@ -345,10 +346,10 @@ def rq_decode_fma_split_kernel(
         m_r = m_new
         # ---- V: acc[n, g, e] += p c s_a code_a + p s_r code_r; offsets per group
         va = _decode_words(vaw, magic, A_BITS, G, NGP, BLOCK_N)
-        sv, ov = _anchor_meta(vam, cvw, HAS_COEF)
+        sv, ov = _anchor_scale_offset(vaso, cvw, HAS_COEF)
         if R_BITS > 0:
             vr = _decode_words(vrw, magic, R_BITS, G, NGP, BLOCK_N)
-            svr, ovr = _meta_values(vrm)
+            svr, ovr = _scale_offset_values(vrso)
             ov += ovr
         acc = acc * resc[:, None, None] + (p[:, None] * sv)[:, :, None] * va
         if R_BITS > 0:

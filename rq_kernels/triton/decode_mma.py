@@ -23,7 +23,8 @@ import triton
 import triton.language as tl
 
 from rq_kernels.triton.common import (
-    codes_to_f16, load_meta_raw, load_rows, mma, rotate_rows, split_meta, split_range, to_bf16,
+    codes_to_f16, load_rows, load_scale_offset_raw, mma, rotate_rows, split_range,
+    split_scale_offset, to_bf16,
 )
 
 
@@ -38,9 +39,9 @@ def rq_decode_mma_split_kernel(
     Q, s_qb, s_qh,  # [B, Hq, D] bf16
     KvIndptr, KvIndices,  # [B+1] int32, [nnz] int64
     Ac, s_ac_r, s_ac_kv, s_ac_h: tl.constexpr,  # anchor codes [rows, 2, Hkv, DA] uint8
-    Am, s_am_r, s_am_kv, s_am_h: tl.constexpr,  # anchor meta [rows, 2, Hkv, NG, 2] uint8
+    Aso, s_aso_r, s_aso_kv, s_aso_h: tl.constexpr,  # anchor scale_offset [rows, 2, Hkv, NG, 2]
     Rc, s_rc_r, s_rc_kv, s_rc_h: tl.constexpr,  # residual codes (or dummy)
-    Rm, s_rm_r, s_rm_kv, s_rm_h: tl.constexpr,  # residual meta (or dummy)
+    Rso, s_rso_r, s_rso_kv, s_rso_h: tl.constexpr,  # residual scale_offset (or dummy)
     Cf, s_cf_r, s_cf_kv, s_cf_h,  # coefficients [rows, 2, Hkv] bf16 (or dummy)
     Rot, s_rterm, s_rhead, s_rrow, alpha,  # [TERMS, Hkv, DP, DP] bf16
     MidO, MidML,  # [B, Hq, S, DP] fp32, [B, Hq, S, 2] fp32 (running max in log2 units, sum)
@@ -93,11 +94,12 @@ def rq_decode_mma_split_kernel(
         n_mask = offs < hi
         slot = tl.load(KvIndices + start + offs, mask=n_mask, other=0)
         # small loads first (their latency overlaps the K unpacking), then the code tiles
-        mk_a = load_meta_raw(Am + hk * s_am_h, slot, s_am_r, n_mask, NG, NGP)
-        mv_a = load_meta_raw(Am + s_am_kv + hk * s_am_h, slot, s_am_r, n_mask, NG, NGP)
+        mk_a = load_scale_offset_raw(Aso + hk * s_aso_h, slot, s_aso_r, n_mask, NG, NGP)
+        mv_a = load_scale_offset_raw(Aso + s_aso_kv + hk * s_aso_h, slot, s_aso_r, n_mask, NG, NGP)
         if R_BITS > 0:
-            mk_r = load_meta_raw(Rm + hk * s_rm_h, slot, s_rm_r, n_mask, NG, NGP)
-            mv_r = load_meta_raw(Rm + s_rm_kv + hk * s_rm_h, slot, s_rm_r, n_mask, NG, NGP)
+            mk_r = load_scale_offset_raw(Rso + hk * s_rso_h, slot, s_rso_r, n_mask, NG, NGP)
+            mv_r = load_scale_offset_raw(Rso + s_rso_kv + hk * s_rso_h, slot, s_rso_r, n_mask, NG,
+                                         NGP)
         if HAS_COEF:
             ck = tl.load(Cf + slot * s_cf_r + hk * s_cf_h, mask=n_mask, other=0.0)
             cv = tl.load(Cf + s_cf_kv + slot * s_cf_r + hk * s_cf_h, mask=n_mask, other=0.0)
@@ -109,7 +111,7 @@ def rq_decode_mma_split_kernel(
         # ---------------- K: per-group dots on tensor cores, scales on [N, groups]
         kc = codes_to_f16(kc, A_BITS, FAST)
         xa = tl.reshape(mma(kc, qbd, INTERP), [BLOCK_N, NGP, GQV])
-        s_a, o_a = split_meta(mk_a, NGP)
+        s_a, o_a = split_scale_offset(mk_a, NGP)
         o_a += MID_A * s_a
         if HAS_COEF:
             s_a = s_a * ck.to(tl.float32)[:, None]
@@ -118,7 +120,7 @@ def rq_decode_mma_split_kernel(
         if R_BITS > 0:
             kr = codes_to_f16(kr, R_BITS, FAST)
             xr = tl.reshape(mma(kr, qbd, INTERP), [BLOCK_N, NGP, GQV])
-            s_r, o_r = split_meta(mk_r, NGP)
+            s_r, o_r = split_scale_offset(mk_r, NGP)
             logit3 += xr * s_r[:, :, None]
             o_a += o_r + MID_R * s_r
         logit3 += o_a[:, :, None] * qsum[None, :, :]
@@ -130,7 +132,7 @@ def rq_decode_mma_split_kernel(
         l_i = l_i * alpha_h + tl.sum(p, axis=0)
         m_i = m_new
         # ---------------- V: weights p*c*s per (group, head) row, codes on tensor cores
-        sv_a, ov_a = split_meta(mv_a, NGP)
+        sv_a, ov_a = split_scale_offset(mv_a, NGP)
         ov_a += MID_A * sv_a
         if HAS_COEF:
             sv_a = sv_a * cv.to(tl.float32)[:, None]
@@ -140,7 +142,7 @@ def rq_decode_mma_split_kernel(
         vc = codes_to_f16(vc, A_BITS, FAST)
         acc = acc * alpha_r[:, None] + mma(tl.trans(w_a), vc, INTERP)
         if R_BITS > 0:
-            sv_r, ov_r = split_meta(mv_r, NGP)
+            sv_r, ov_r = split_scale_offset(mv_r, NGP)
             w_r = _fp16(tl.reshape(p[:, None, :] * sv_r[:, :, None], [BLOCK_N, R]))
             vr = codes_to_f16(vr, R_BITS, FAST)
             acc += mma(tl.trans(w_r), vr, INTERP)

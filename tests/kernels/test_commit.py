@@ -8,7 +8,7 @@ Tolerance policy
   order than PyTorch's CPU einsum, and ``<x, a>`` is summed in another order, so a value that
   lands within ~1 fp32 ulp of a rounding boundary (a code's ``.5`` tie, an FP8 grid point,
   a bf16 tie of ``c``) may round the other way. Allowed: at most 0.1% of code elements, FP8
-  meta bytes and coefficients differ (measured on the H200: 0.4e-5 to 4e-5), and no stored
+  scale_offset bytes and coefficients differ (measured on the H200: 0.4e-5 to 4e-5), and no stored
   vector's reconstruction (`dequantize_rows_reference` of both pools) moves by more than two
   of its quantization steps (L2 bound ``2 sqrt(D) * step``), i.e. tie flips only, never a
   systematic difference. Everything else must be equal.
@@ -63,7 +63,7 @@ def _pools(cfg, loops, heads, dim, tokens, rot, device, seed, head_major=(False,
 def _compare(a, b, *, exact: bool) -> dict:
     stats = {}
     for i in range(len(a.segments)):
-        for kind in ("codes", "meta", "coef"):
+        for kind in ("codes", "scale_offset", "coef"):
             x, y = getattr(a, kind)[i], getattr(b, kind)[i]
             if x is None or x.numel() == 0:
                 continue
@@ -123,12 +123,12 @@ def _max_step(view, loc, loop):
     """Largest quantization step of each stored vector of ``loop``: ``max_g s_a,g * max(1, |c|)
     + max_g s_r,g`` (``[T, 2, H]``), from the reference pool's FP8 scales."""
     seg = view.segments[loop]
-    s_a = view.meta[seg.base][loc].view(torch.float8_e4m3fn)[..., 0].float().amax(-1)
+    s_a = view.scale_offset[seg.base][loc].view(torch.float8_e4m3fn)[..., 0].float().amax(-1)
     if seg.base == loop:
         return s_a
     c = view.coef[loop][loc].float().abs().clamp_min(1.0) if view.coef[loop] is not None else 1.0
-    s_r = (view.meta[loop][loc].view(torch.float8_e4m3fn)[..., 0].float().amax(-1)
-           if view.meta[loop] is not None else 0.0)
+    s_r = (view.scale_offset[loop][loc].view(torch.float8_e4m3fn)[..., 0].float().amax(-1)
+           if view.scale_offset[loop] is not None else 0.0)
     return s_a * c + s_r
 
 

@@ -133,7 +133,7 @@ def test_cpu_commit_matches_twin(name, cfg, loops, hkv, dim, tokens, rot):
     # order; measured: 0 bytes in every case here, 16 of 3.1M at 2,000 tokens x 4 heads x 128):
     # at most 1% of rows may differ, the others reconstruct identically.
     differ = torch.zeros(tokens + 5, dtype=torch.bool)
-    for bufs in ("codes", "meta", "coef"):
+    for bufs in ("codes", "scale_offset", "coef"):
         for a, b in zip(getattr(mine, bufs), getattr(twin, bufs)):
             if a is not None:
                 differ |= (a != b).reshape(a.shape[0], -1).any(-1)

@@ -24,7 +24,7 @@ def make_view(cfg: RQConfig, *, num_loops: int, num_kv_heads: int, head_dim: int
 
     ``rotation``: ``"cfg"`` builds the normalised Hadamard when ``cfg.rotation != "none"``; a
     tensor ``[num_kv_heads, head_dim, head_dim]`` is used as is; None means no rotation.
-    ``head_major``: allocate codes/meta as ``[2, H, rows, ...]`` and return the same logical
+    ``head_major``: allocate codes/scale_offset as ``[2, H, rows, ...]`` and return the same logical
     ``[rows, 2, H, ...]`` views (each head's rows contiguous; an alternative pool layout).
     """
     shape = ModelKVShape(num_layers=1, num_loops=num_loops, num_kv_heads=num_kv_heads,
@@ -32,7 +32,7 @@ def make_view(cfg: RQConfig, *, num_loops: int, num_kv_heads: int, head_dim: int
     segs = loop_segments(shape, cfg)
     ng = head_dim // cfg.group_size
     gen = torch.Generator().manual_seed(seed)
-    codes, meta, coef = [], [], []
+    codes, scale_offset, coef = [], [], []
     for s in segs:
         shp = (rows, 2, num_kv_heads, s.code_bytes)
         c = (torch.randint(0, 256, shp, generator=gen, dtype=torch.uint8) if fill
@@ -41,10 +41,10 @@ def make_view(cfg: RQConfig, *, num_loops: int, num_kv_heads: int, head_dim: int
             c = c.permute(1, 2, 0, 3).contiguous().permute(2, 0, 1, 3)
         codes.append(c.to(device))
         m = None
-        if s.meta_bytes:
+        if s.scale_offset_bytes:
             m = torch.zeros(2, num_kv_heads, rows, ng, 2, dtype=torch.uint8, device=device)
             m = m.permute(2, 0, 1, 3, 4) if head_major else m.permute(2, 0, 1, 3, 4).contiguous()
-        meta.append(m)
+        scale_offset.append(m)
         coef.append(torch.zeros(rows, 2, num_kv_heads, dtype=torch.bfloat16, device=device)
                     if s.coef_bytes else None)
     if isinstance(rotation, str):
@@ -54,5 +54,5 @@ def make_view(cfg: RQConfig, *, num_loops: int, num_kv_heads: int, head_dim: int
         rot = rotation
     if rot is not None:
         rot = rot.to(device=device, dtype=torch.float32).contiguous()
-    return CompressedLayerView(codes=codes, meta=meta, coef=coef, rotation=rot, segments=segs,
-                               cfg=cfg, head_dim=head_dim)
+    return CompressedLayerView(codes=codes, scale_offset=scale_offset, coef=coef, rotation=rot,
+                               segments=segs, cfg=cfg, head_dim=head_dim)
