@@ -15,7 +15,7 @@ achieved bandwidth on compressed bytes read plus bf16 bytes written. `do_bench` 
 2048-token chunk over a 14,336-token prefix plus 16 decode rows over 16,384 tokens each:
 `extend_attention` (decode rows through the decode kernel) against ``_workspace_extend`` over
 every request (every decode row's history reconstructed to bf16) and SDPA (the chunk as above
-plus a batched decode SDPA). ``--mixed-only`` runs just that. Writes ``DIR/bench_extend.json``. The fused kernel this replaced (1.94-3.3x SDPA) was last measured in
+plus a batched decode SDPA). ``--mixed-only`` runs just that. Writes ``DIR/bench_extend.json``. The fused kernel this replaced (1.94-2.66x SDPA at its best launch per shape) was last measured in
 benchmarks/results/h200_2026-12-01_extend.json.
 """
 

@@ -3,7 +3,8 @@
 DESIGN.md section 4 allows it ("a first version may dequantize the prefix into a workspace and
 run a stock kernel"); vLLM's MLA chunked-context prefill works the same way. It replaced a fused
 Triton kernel (prefix dequantized tile by tile in registers, Ampere-style MMAs) that took
-1.94-3.3x the time of FlashAttention on the H200, against 1.19-1.51x for this path
+1.94-2.66x the time of FlashAttention on the H200 (its best launch per shape), against
+1.19-1.51x for this path
 (benchmarks/bench_extend.py, docs/kernels.md; the fused kernel is in git history). Per call:
 
 1. ``q' = q R`` per KV head, once, with the ``GQ`` query heads of a KV head laid on the
@@ -143,14 +144,12 @@ def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     b0 = B  # the trailing one-row requests [b0, B): decode rows of a mixed batch
     while b0 > 0 and qp[b0] - qp[b0 - 1] == 1:
         b0 -= 1
+    r0 = qp[b0]
     if b0 < B:
-        r0 = qp[b0]
         decode_attention(q[r0:], k_cur[r0:], v_cur[r0:], view, loop_id,
                          kv_indptr[b0:] - kp[b0], kv_indices[kp[b0]:kp[B]], sm_scale=sm_scale,
                          out=out[r0:])
-        if b0 == 0:
-            return out
-    r0 = qp[b0]
+    # the chunk requests [0, b0) (none when b0 == 0: it returns at once)
     _workspace_extend(q[:r0], k_cur[:r0], v_cur[:r0], view, loop_id, qp[:b0 + 1], kp[:b0 + 1],
                       kv_indices, sm_scale, out[:r0])
     return out

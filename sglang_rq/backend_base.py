@@ -13,6 +13,8 @@ into CUDA-graph buffers) on CUDA.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,6 +29,11 @@ if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
     from sglang_rq.pool import RQTokenToKVPool
+
+
+def host_indptr(lens: Iterable[int]) -> list[int]:
+    """``[0, l0, l0 + l1, ...]``: the indptr of host lengths (SGLang's ``*_lens_cpu``)."""
+    return [0, *itertools.accumulate(int(n) for n in lens)]
 
 
 @dataclass

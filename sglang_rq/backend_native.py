@@ -11,11 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import itertools
-
 import torch
 
-from sglang_rq.backend_base import RQAttnBackend, RQForwardMetadata
+from sglang_rq.backend_base import RQAttnBackend, RQForwardMetadata, host_indptr
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -40,8 +38,7 @@ class RQNativeAttnBackend(RQAttnBackend):
         kv_indices = (torch.cat(slots).to(torch.int64) if slots
                       else torch.empty(0, dtype=torch.int64))
 
-        qp, kp = ([0, *itertools.accumulate(int(n) for n in lens)]
-                  for lens in (extend_lens, prefix_lens))
+        qp, kp = host_indptr(extend_lens), host_indptr(prefix_lens)
         return RQForwardMetadata(qo_indptr=torch.tensor(qp, dtype=torch.int64),
                                  kv_indptr=torch.tensor(kp, dtype=torch.int64),
                                  kv_indices=kv_indices, host_indptrs=(qp, kp))

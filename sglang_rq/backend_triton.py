@@ -27,13 +27,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import itertools
 import logging
 
 import torch
 
 from sglang_rq import metrics
-from sglang_rq.backend_base import RQAttnBackend, RQForwardMetadata
+from sglang_rq.backend_base import RQAttnBackend, RQForwardMetadata, host_indptr
 from sglang_rq.kv_plan import kv_indices_capacity, plan_history
 
 if TYPE_CHECKING:
@@ -70,8 +69,8 @@ class RQTritonAttnBackend(RQAttnBackend):
         else:  # the extend path needs the lengths on the host: SGLang's, no sync
             hist = forward_batch.extend_prefix_lens.to(torch.int64)
             qo = forward_batch.extend_seq_lens.to(torch.int64)
-            host = tuple([0, *itertools.accumulate(int(n) for n in lens)] for lens in (
-                forward_batch.extend_seq_lens_cpu, forward_batch.extend_prefix_lens_cpu))
+            host = (host_indptr(forward_batch.extend_seq_lens_cpu),
+                    host_indptr(forward_batch.extend_prefix_lens_cpu))
             nnz = host[1][-1]
         dev = hist.device
         bs = hist.shape[0]

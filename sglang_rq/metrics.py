@@ -51,8 +51,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from sglang_rq import env
-from sglang_rq.layout import STACK_NAMES, stack_label_prefix
+from sglang_rq import env, layout
 
 if TYPE_CHECKING:
     import torch
@@ -62,7 +61,7 @@ if TYPE_CHECKING:
 
 PREFIX = "sglang_rq_"
 # the paths of `sglang_rq.dispatch`, for the looped layers and (prefixed) the un-looped ones
-FALLBACK_PATHS = tuple(stack_label_prefix(stack) + path for stack in STACK_NAMES
+FALLBACK_PATHS = tuple(layout.stack_label_prefix(stack) + path for stack in layout.STACK_NAMES
                        for path in ("commit", "decode", "extend"))
 CANARY_RESULTS = ("pass", "wrong_answer", "error", "saturated")
 INFO_LABELS = ("enabled", "format", "loop_bits", "group_size", "anchor", "lsq", "rotation",
@@ -141,8 +140,6 @@ def publish_kv_format(*, cfg: RQConfig, shape: ModelKVShape, page_size: int, sta
     fams = _get()
     if fams is None:
         return
-    from sglang_rq import layout
-
     per_tok = layout.kv_bytes_per_token(shape, cfg)
     bf16 = layout.bf16_bytes_per_token(shape)
     bits = (layout.looped_format(shape, cfg).bits_for_loops(shape.num_loops) if cfg.enabled

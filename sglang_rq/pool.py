@@ -106,11 +106,6 @@ class StackBuffers:
             rotation=None if self.rotation is None else self.rotation[layer],
             segments=segs, cfg=self.stack.cfg, head_dim=self.stack.shape.head_dim)
 
-    @property
-    def label_prefix(self) -> str:
-        """Prefix of this stack's path labels in logs and metrics ("" for the looped stack)."""
-        return self.stack.label_prefix
-
     def buffers(self) -> list[torch.Tensor]:
         return [b for bufs in (self.codes, self.scale_offset, self.coef) for b in bufs
                 if b is not None]
@@ -222,14 +217,14 @@ class RQTokenToKVPool(MHATokenToKVPool):
             pool_bytes=self.compressed_nbytes(), dtype_bytes=self.dtype.itemsize)
         rows = []
         for bufs in self.stacks.values():
-            bufs.kernel_paths.log(bufs.label_prefix)
-            rows += bufs.kernel_paths.rows(bufs.label_prefix)
+            bufs.kernel_paths.log(bufs.stack.label_prefix)
+            rows += bufs.kernel_paths.rows(bufs.stack.label_prefix)
         metrics.publish_kernel_paths(rows)
 
     def count_forward(self, *, decode: bool) -> None:
         """`dispatch.KernelPaths.count_forward` of every stack (a backend's per-forward hook)."""
         for bufs in self.stacks.values():
-            bufs.kernel_paths.count_forward(decode=decode, prefix=bufs.label_prefix)
+            bufs.kernel_paths.count_forward(decode=decode, prefix=bufs.stack.label_prefix)
 
     def get_kv_size_bytes(self):
         total = self.compressed_nbytes()
