@@ -11,9 +11,11 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip >&2
 fi
 # NOTE: locust first: it monkey-patches ssl through gevent, which recurses once sglang has
-# imported ssl (the check then always failed and every run reinstalled).
-if ! "$VENV/bin/python" -c "import locust, sglang, sglang_rq, pytest, ruff, smg, kubernetes_validate" 2>/dev/null \
-   || [ "$("$VENV/bin/python" -c 'import sglang_rq, os; print(os.path.dirname(os.path.dirname(sglang_rq.__file__)))')" != "$PWD" ]; then
+# imported ssl (the check then always failed and every run reinstalled). Both checks run from /:
+# run from the checkout, `python -c` imports the checkout's own sglang_rq whatever the venv's
+# editable install points at, so a second checkout sharing the cached venv ran the first one's code.
+if ! (cd / && "$VENV/bin/python" -c "import locust, sglang, sglang_rq, pytest, ruff, smg, kubernetes_validate") 2>/dev/null \
+   || [ "$(cd / && "$VENV/bin/python" -c 'import sglang_rq, os; print(os.path.dirname(os.path.dirname(sglang_rq.__file__)))')" != "$PWD" ]; then
   "$VENV/bin/python" -m pip install -q -e ".[test,serve,deploy,eval]" 2>&1 | grep -v "^WARNING: Location" >&2 || true
 fi
 "$VENV/bin/python" -c "import sglang, sglang_rq; print('sglang', sglang.__version__)" >&2
