@@ -121,6 +121,27 @@ def _flag_value(argv: list[str], *flags: str) -> str | None:
     return None
 
 
+def check_local_model_path(model_path: str | None) -> None:
+    """Refuse a ``--model-path`` that names a local directory which does not exist (SGLang
+    would take it for a hub repo id and fail inside transformers with a chained traceback).
+
+    A value is local when it is absolute, starts with ``.`` or ``~``, or has more than the one
+    ``/`` of a hub id ``org/name``.
+
+    Raises
+    ------
+    sglang_rq.config.RQConfigError
+        Naming the flag and the path.
+    """
+    if not model_path:
+        return
+    local = (os.path.isabs(model_path) or model_path.startswith((".", "~"))
+             or model_path.count("/") > 1)
+    if local and not Path(model_path).expanduser().is_dir():
+        raise RQConfigError(f"--model-path={model_path}: no such directory (give a checkpoint "
+                            "directory holding config.json, or a hub repo id 'org/name')")
+
+
 def refuse_cpu_tensor_parallel(argv: list[str]) -> None:
     """Refuse ``--tp-size > 1`` on the CPU engine before anything loads.
 
@@ -225,6 +246,7 @@ def prepare_environment(argv: list[str]) -> list[str]:
             var.set(value)
     if not _has_flag(rest, "--model-path") and not _has_flag(rest, "--model"):
         rest += ["--model-path", str(EMBEDDED_MODEL)]
+    check_local_model_path(_flag_value(rest, "--model-path", "--model"))
     if ours.rq_recurrences:
         rest = with_recurrences(rest, ours.rq_recurrences)
     # NOTE: SGLang 0.5.23 notices a vanished HTTP client only when its per-request wait times
@@ -238,8 +260,8 @@ def prepare_environment(argv: list[str]) -> list[str]:
         rest = _without_uncapturable_graphs(rest, cfg)
     if "rq_triton" in rest:
         # Decode CUDA graphs are SGLang's default and rq_triton captures them (run in SGLang's
-        # runner on the H200; graph-vs-eager tokens: tests/gpu/test_gpu_server.py, not yet run
-        # on a GPU in its current form); prefill graphs it does not support.
+        # runner on the H200; graph-vs-eager tokens: tests/gpu/test_gpu_server.py, passed there
+        # on 2026-12-01); prefill graphs it does not support.
         rest = _without_prefill_graphs(rest)
     if not cuda:
         refuse_cpu_tensor_parallel(rest)

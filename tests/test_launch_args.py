@@ -64,6 +64,18 @@ def test_bad_format_exits_fast_with_the_flag_named():
     print(f"refused in {time.monotonic() - t:.1f} s")
 
 
+def test_missing_local_model_path_is_refused_before_sglang(clean_env, tmp_path):
+    """Found by a fresh-clone check: ``--model-path /nonexistent/model`` reached transformers,
+    which printed a misleading canary line and four chained tracebacks."""
+    from sglang_rq.config import RQConfigError
+
+    for bad in (str(tmp_path / "missing"), "./missing-model", "a/b/c"):
+        with pytest.raises(RQConfigError, match=f"--model-path={bad}: no such directory"):
+            prepare_environment(["--model-path", bad])
+    prepare_environment(["--model-path", str(tmp_path)])  # an existing directory passes
+    prepare_environment(["--model-path", "org/name"])  # a hub id is SGLang's to resolve
+
+
 def test_cpu_tensor_parallel_is_refused_before_loading(clean_env):
     import torch
 
