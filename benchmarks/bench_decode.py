@@ -3,7 +3,8 @@
 ``python benchmarks/bench_decode.py --out DIR [--deadline S] [--dry-run]``
 
 `rq_kernels.decode_attention` with each split kernel that can serve the shape
-(`DecodeLaunch(split_kernel=...)`: ``fma`` for MHA, ``mma`` for every shape) against PyTorch
+(`DecodeLaunch(split_kernel=...)`: ``tc`` (CUDA, head_dim 128), ``fma`` for MHA, ``mma`` for
+every shape) against PyTorch
 SDPA (FlashAttention) over contiguous BF16 K/V of ``ctx + 1`` tokens. Timing: CUDA-graph replay
 under `triton.testing.do_bench` (L2 flushed before each rep, median). RQ time per layer-loop =
 (3 x residual loop + 1 x anchor loop) / 4 for 4 loops; TB/s counts compressed bytes
@@ -30,6 +31,7 @@ from benchmarks.common import (  # noqa: E402
 )
 from rq_kernels import decode_attention  # noqa: E402
 from rq_kernels.decode import DecodeLaunch, fma_unsupported_reason  # noqa: E402
+from rq_kernels.decode_tc import tc_unsupported_reason  # noqa: E402
 from rq_kernels.testing import attention_errors, within_policy  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
 from sglang_rq.layout import ModelKVShape, decode_read_bytes_per_token  # noqa: E402
@@ -107,7 +109,9 @@ def main() -> None:
                copy_tbs=copy_bandwidth(), checks={}, points=[], skipped=[])
     for fam, (hq, hkv, dim, points) in fams.items():
         view = pool(cfg, hkv, dim, max(b * c for b, c in points) + 2, loops)
-        kernels = (["fma"] if fma_unsupported_reason(view, hq // hkv) is None else []) + ["mma"]
+        kernels = (["tc"] if DEV == "cuda" and tc_unsupported_reason(
+            view, 0, hq // hkv, torch.device(DEV)) is None else []) + (
+            ["fma"] if fma_unsupported_reason(view, hq // hkv) is None else []) + ["mma"]
         res["checks"][fam] = check(view, hq, hkv, dim, *points[0], loops, kernels)
         for b, ctx in points:
             if time.time() - T0 > a.deadline:

@@ -28,14 +28,16 @@ from rq_kernels._host import (
     attention_loop_args, cdiv, check_decode_args, interpreting, next_pow2, require_kernel,
     rotation_terms, strides3, unsupported_reason,
 )
+from rq_kernels.decode_tc import tc_split, tc_unsupported_reason
 from rq_kernels.triton.decode_fma import rq_decode_fma_split_kernel
 from rq_kernels.triton.decode_mma import rq_decode_merge_kernel, rq_decode_mma_split_kernel
+from rq_kernels.triton.query import rq_rotate_query_kernel
 
 if TYPE_CHECKING:
     from rq_kernels.view import CompressedLayerView
 
 LOG2E = 1.4426950408889634
-SPLIT_KERNELS = ("fma", "mma")
+SPLIT_KERNELS = ("tc", "fma", "mma")
 
 
 @dataclass(frozen=True)
@@ -150,8 +152,17 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     HKV = k_cur.shape[1]
     assert HKV > 0 and HQ % HKV == 0, f"num_qo_heads {HQ} not a multiple of num_kv_heads {HKV}"
     gq = HQ // HKV
-    kernel = launch.split_kernel or ("fma" if fma_unsupported_reason(view, gq) is None else "mma")
-    if kernel == "fma":
+    kernel = launch.split_kernel
+    if kernel is None:
+        kernel = ("tc" if tc_unsupported_reason(view, loop_id, gq, q.device) is None else
+                  "fma" if fma_unsupported_reason(view, gq) is None else "mma")
+    if kernel == "tc":
+        if launch.block_n is not None:
+            raise ValueError("DecodeLaunch.block_n does not apply to the tc split kernel "
+                             "(16-token tiles)")
+        require_kernel("decode_attention (tc)", tc_unsupported_reason(view, loop_id, gq, q.device),
+                       rq_rotate_query_kernel, q)
+    elif kernel == "fma":
         require_kernel("decode_attention (fma)", fma_unsupported_reason(view, gq),
                        rq_decode_fma_split_kernel, q)
     else:
@@ -166,7 +177,16 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     has_rot = view.rotation is not None
     interp = interpreting(rq_decode_mma_split_kernel)
     qk_scale = sm_scale * LOG2E
-    if kernel == "fma":
+    if kernel == "tc":
+        q_rot = torch.empty(B, HQ, D, dtype=torch.float32, device=dev)
+        rq_rotate_query_kernel[(HKV, cdiv(B * gq, 16))](
+            q, q.stride(0), q.stride(1), *rot, q_rot, B * gq, GQ=gq, D=D, DP=dp,
+            HAS_ROT=has_rot, TERMS=nterms, BLOCK_M=16, INTERP=interp, num_warps=4)
+        splits = launch.num_splits or choose_num_splits(B, HKV, kv_indices.numel(), dev,
+                                                        block_n=16, programs_per_sm=8)
+        mid_o, mid_ml = tc_split(q_rot, kv_indptr, kv_indices, view, loop_id, HKV, qk_scale,
+                                 splits)
+    elif kernel == "fma":
         mid_o, mid_ml, splits = _fma_split(q, kv_indptr, kv_indices, view, loop_id, args, c,
                                            rot, nterms, has_rot, qk_scale, launch, interp)
     else:

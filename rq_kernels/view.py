@@ -81,6 +81,9 @@ class CompressedLayerView:
     kernel_rotation: dict = field(default_factory=dict, repr=False, compare=False)
     """The rotation in the kernels' form, built once (`rq_kernels.prepare_view`), keyed by
     padded head_dim and device."""
+    launch_cache: dict = field(default_factory=dict, repr=False, compare=False)
+    """Host-side launch decisions that depend only on the view (e.g. whether the CUDA split
+    kernel serves a loop), made once per key by the launchers."""
 
     def rotation_cpu(self, like: torch.Tensor) -> torch.Tensor | None:
         """The rotation on ``like``'s device."""

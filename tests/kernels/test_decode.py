@@ -23,6 +23,7 @@ from attn_cases import build, history, queries
 
 from rq_kernels import decode_attention, unsupported_reason
 from rq_kernels.decode import DecodeLaunch, fma_unsupported_reason
+from rq_kernels.decode_tc import tc_unsupported_reason
 from rq_kernels.testing import attention_errors, sdpa_bf16, within_policy
 from sglang_rq.config import RQConfig
 from sglang_rq.reference import decode_attention_reference
@@ -125,14 +126,50 @@ def test_decode_real_size(name, cfg, loops, hkv, group, dim, lens, rot, loop_ids
     _run(cfg, loops, hkv, group, dim, lens, rot, loop_ids, device, seed=21)
 
 
-def _graph_replay_matches_reference(device, *, hkv, group, loop, seed):
+TC_CASES = [  # the tensor-core CUDA split kernel, forced, on awkward sizes and formats
+    ("ouro_tails", RQConfig(), 4, 4, 1, 128, [1, 15, 17, 1000, 4097, 0], "cfg", (0, 1, 3)),
+    ("gqa2_rand", RQConfig(), 4, 2, 2, 128, [777, 1, 33], "rand", (0, 3)),
+    ("group64_shared_loop", RQConfig(group_size=64, loop_bits=(0, 2, 4)), 3, 2, 1, 128,
+     [21, 300], "cfg", (0, 1, 2)),
+    ("first_nolsq_r4", RQConfig(anchor="first", lsq=False, residual_bits=4), 3, 2, 1, 128,
+     [50, 301], "cfg", (0, 2)),
+    ("a2_norot_gqa4_g64", RQConfig(rotation="none", group_size=64, anchor_bits=2), 4, 2, 4, 128,
+     [129, 5], "cfg", (0, 3)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,cfg,loops,hkv,group,dim,lens,rot,loop_ids", TC_CASES,
+                         ids=[c[0] for c in TC_CASES])
+def test_decode_tc_kernel(name, cfg, loops, hkv, group, dim, lens, rot, loop_ids, device):
+    _run(cfg, loops, hkv, group, dim, lens, rot, loop_ids, device, seed=23,
+         launch=DecodeLaunch(split_kernel="tc"))
+    _run(cfg, loops, hkv, group, dim, lens, rot, loop_ids, device, seed=24,
+         launch=DecodeLaunch(split_kernel="tc", num_splits=3))
+
+
+def test_decode_tc_refuses_what_it_cannot_serve(device):
+    """The CUDA split kernel names why it cannot serve a call (here: head_dim 64, or CPU)."""
+    view, ind, idx, _ = build(RQConfig(), loops=2, num_kv_heads=1, group=1, dim=64, lens=[5],
+                              rot="cfg", device=device, seed=25)
+    why = tc_unsupported_reason(view, 0, 1, torch.device(device))
+    assert why == ("head_dim=64 (the CUDA kernel is head_dim 128 only)" if device == "cuda"
+                   else "cpu tensors (the CUDA kernel runs on CUDA only)")
+    q, kc, vc = queries(1, 1, 1, 64, device=device, seed=25)
+    with pytest.raises(ValueError, match=r"decode_attention \(tc\) cannot serve this call"):
+        decode_attention(q, kc, vc, view, 0, ind, idx, sm_scale=0.125,
+                         launch=DecodeLaunch(split_kernel="tc"))
+
+
+def _graph_replay_matches_reference(device, *, hkv, group, loop, seed, kernel):
     """Capture once (after a warm-up call that compiles and fills the rotation cache), replay
     after changing the queries in place, compare with the twin on the new queries."""
     view, ind, idx, _ = build(RQConfig(), loops=4, num_kv_heads=hkv, group=group, dim=128,
                               lens=[300, 1000], rot="cfg", device=device, seed=seed)
     q, kc, vc = queries(2, hkv * group, hkv, 128, device=device, seed=seed)
     out = torch.empty_like(q)
-    kw = dict(sm_scale=128 ** -0.5, out=out, launch=DecodeLaunch(num_splits=4))
+    kw = dict(sm_scale=128 ** -0.5, out=out,
+              launch=DecodeLaunch(num_splits=4, split_kernel=kernel))
     decode_attention(q, kc, vc, view, loop, ind, idx, **kw)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -148,10 +185,17 @@ def _graph_replay_matches_reference(device, *, hkv, group, loop, seed):
 @pytest.mark.gpu
 def test_decode_cuda_graph_mma(device):
     """The tensor-core split kernel (GQA 2) under capture and replay."""
-    _graph_replay_matches_reference(device, hkv=2, group=2, loop=3, seed=32)
+    _graph_replay_matches_reference(device, hkv=2, group=2, loop=3, seed=32, kernel="mma")
 
 
 @pytest.mark.gpu
 def test_decode_cuda_graph(device):
     """The CUDA-core split kernel (MHA) under capture and replay."""
-    _graph_replay_matches_reference(device, hkv=4, group=1, loop=0, seed=31)
+    _graph_replay_matches_reference(device, hkv=4, group=1, loop=0, seed=31, kernel="fma")
+
+
+@pytest.mark.gpu
+def test_decode_cuda_graph_tc(device):
+    """The tensor-core CUDA split kernel (MHA and GQA 2) under capture and replay."""
+    _graph_replay_matches_reference(device, hkv=4, group=1, loop=0, seed=33, kernel="tc")
+    _graph_replay_matches_reference(device, hkv=2, group=2, loop=3, seed=34, kernel="tc")

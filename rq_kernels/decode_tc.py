@@ -1,0 +1,130 @@
+"""Host side of the tensor-core CUDA split kernel (`csrc/rq_decode_tc.cu`): which formats it
+serves, its compile-time variant, and its by-value argument struct.
+
+`rq_kernels.decode.decode_attention` calls `tc_split`; the merge kernel it shares with the
+Triton split kernels reduces the splits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import TYPE_CHECKING
+
+import torch
+
+from rq_kernels import cuda
+from rq_kernels._host import unsupported_reason
+
+if TYPE_CHECKING:
+    from rq_kernels.view import CompressedLayerView
+
+SOURCE = "rq_decode_tc.cu"
+KERNEL = "rq_decode_tc_split"
+HEAD_DIM = 128
+WARPS = 4  # splits per CTA (one warp each)
+TILE = 16  # history tokens per warp iteration
+
+
+class _Args(ctypes.Structure):
+    """Mirror of ``struct Args`` in the CUDA source (same order, natural alignment)."""
+
+    _fields_ = [("q", ctypes.c_void_p), ("kv_indptr", ctypes.c_void_p),
+                ("kv_indices", ctypes.c_void_p)] + [
+        (f"{n}{s}", ctypes.c_void_p if s == "" else ctypes.c_int64)
+        for n in ("ac", "aso", "rc", "rso", "cf") for s in ("", "_r", "_kv", "_h")] + [
+        ("mid_o", ctypes.c_void_p), ("mid_ml", ctypes.c_void_p), ("qk_scale", ctypes.c_float),
+        ("num_splits", ctypes.c_int32), ("num_qo_heads", ctypes.c_int32)]
+
+
+def _loop_tensors(view: CompressedLayerView, loop_id: int):
+    """(anchor codes, anchor scale_offset, residual codes or None, residual scale_offset or None,
+    coefficients or None, anchor bits, residual bits) of attention over ``loop_id``."""
+    seg = view.segments[loop_id]
+    a = seg.base
+    anchor_bits = view.segments[a].bits
+    if seg.role == "anchor":
+        return view.codes[a], view.scale_offset[a], None, None, None, anchor_bits, 0
+    r_bits = seg.bits
+    rc = view.codes[loop_id] if r_bits else None
+    rso = view.scale_offset[loop_id] if r_bits else None
+    return view.codes[a], view.scale_offset[a], rc, rso, view.coef[loop_id], anchor_bits, r_bits
+
+
+def tc_unsupported_reason(view: CompressedLayerView, loop_id: int, group: int,
+                          device: torch.device) -> str | None:
+    """`_tc_unsupported_reason`, decided once per (view, loop, group, device) and kept in
+    ``view.launch_cache``."""
+    key = ("tc", loop_id, group, str(device))
+    if key not in view.launch_cache:
+        view.launch_cache[key] = _tc_unsupported_reason(view, loop_id, group, device)
+    return view.launch_cache[key]
+
+
+def _tc_unsupported_reason(view: CompressedLayerView, loop_id: int, group: int,
+                           device: torch.device) -> str | None:
+    """Why the tensor-core CUDA split kernel cannot serve attention over ``loop_id`` with
+    ``group`` query heads per KV head on ``device`` (None if it can): a fused format, CUDA with
+    compute capability >= 8.9 (FP8 conversions), head_dim 128, 2- or 4-bit anchor, 0/2/4-bit
+    residual, group_size 32/64/128 with ``group * 128 / group_size <= 8``, code slices aligned
+    for vector loads, and nvcc (or a cached build)."""
+    why = unsupported_reason(view)
+    if why is not None:
+        return why
+    if device.type != "cuda":
+        return f"{device.type} tensors (the CUDA kernel runs on CUDA only)"
+    if torch.cuda.get_device_capability(device) < (8, 9):
+        return "compute capability < 8.9"
+    if view.head_dim != HEAD_DIM:
+        return f"head_dim={view.head_dim} (the CUDA kernel is head_dim 128 only)"
+    gs = view.cfg.group_size
+    if gs not in (32, 64, 128):
+        return f"group_size={gs}"
+    if group * (HEAD_DIM // gs) > 8:
+        return f"{group} query heads x {HEAD_DIM // gs} groups > 8 MMA rows"
+    ac, aso, rc, rso, cf, a_bits, r_bits = _loop_tensors(view, loop_id)
+    if a_bits not in (2, 4) or r_bits not in (0, 2, 4):
+        return f"anchor {a_bits} / residual {r_bits} bits (CUDA kernel: 2/4 and 0/2/4)"
+    for name, t, bits in (("anchor", ac, a_bits), ("residual", rc, r_bits)):
+        if t is None:
+            continue
+        align = 4 * bits  # bytes of one K slice load
+        if t.data_ptr() % align or any(s % align for s in t.stride()[:-1]):
+            return f"{name} codes not aligned to {align} bytes"
+    for t in (aso, rso):  # (scale, offset) byte pairs are read as one 16-bit word
+        if t is not None and (t.data_ptr() % 2 or any(s % 2 for s in t.stride()[:-2])):
+            return "scale_offset pairs not 2-byte aligned"
+    return cuda.compiled_or_compilable(SOURCE, _defines(view, loop_id, group), device)
+
+
+def _defines(view: CompressedLayerView, loop_id: int, group: int) -> dict[str, int]:
+    _, _, _, _, cf, a_bits, r_bits = _loop_tensors(view, loop_id)
+    return dict(A_BITS=a_bits, R_BITS=r_bits, GS=view.cfg.group_size, GQ=group,
+                HAS_COEF=int(cf is not None))
+
+
+def tc_split(q_rot: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+             view: CompressedLayerView, loop_id: int, num_kv_heads: int, qk_scale: float,
+             num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the split kernel: ``q_rot`` ``[B, Hq, 128]`` fp32 (rotated basis, contiguous) ->
+    (MidO ``[B, Hq, S, 128]`` fp32 unnormalised, MidML ``[B, Hq, S, 2]`` fp32 (max in log2
+    units, sum)). Grid ``(num_kv_heads, B, cdiv(S, 4))`` CTAs of 4 warps, one split per warp."""
+    B, HQ, D = q_rot.shape
+    dev = q_rot.device
+    group = HQ // num_kv_heads
+    ac, aso, rc, rso, cf, _, _ = _loop_tensors(view, loop_id)
+    fn = cuda.function(SOURCE, KERNEL, _defines(view, loop_id, group), dev)
+    mid_o = torch.empty(B, HQ, num_splits, D, dtype=torch.float32, device=dev)
+    mid_ml = torch.empty(B, HQ, num_splits, 2, dtype=torch.float32, device=dev)
+
+    def parts(t, elem=1):
+        if t is None:
+            return (ac.data_ptr(), 0, 0, 0)
+        return (t.data_ptr(), t.stride(0) * elem, t.stride(1) * elem, t.stride(2) * elem)
+
+    args = _Args(q_rot.data_ptr(), kv_indptr.data_ptr(), kv_indices.data_ptr(),
+                 *parts(ac), *parts(aso), *parts(rc if rc is not None else ac),
+                 *parts(rso if rso is not None else aso), *parts(cf),
+                 mid_o.data_ptr(), mid_ml.data_ptr(), qk_scale, num_splits, HQ)
+    grid = (num_kv_heads, B, (num_splits + WARPS - 1) // WARPS)
+    cuda.launch(fn, grid, WARPS * 32, args, dev)
+    return mid_o, mid_ml

@@ -1,0 +1,34 @@
+"""The rotated query ``q R`` in fp32 for the tensor-core CUDA split kernel (``@triton.jit`` only)."""
+
+import triton
+import triton.language as tl
+
+from rq_kernels.triton.common import rotate_rows
+
+
+@triton.jit
+def rq_rotate_query_kernel(
+    Q, s_qb, s_qh,  # [B, Hq, D] bf16
+    Rot, s_rterm, s_rhead, s_rrow, alpha,  # [TERMS, Hkv, DP, DP] bf16 (or a dummy)
+    Out,  # [B, Hq, D] fp32, contiguous
+    batch_rows,  # B * GQ
+    GQ: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, HAS_ROT: tl.constexpr,
+    TERMS: tl.constexpr, BLOCK_M: tl.constexpr, INTERP: tl.constexpr,
+):
+    """Grid ``(num_kv_heads, cdiv(B * GQ, BLOCK_M))``: rows ``(b, query head of this KV
+    head)``; ``Out = q R`` exactly to fp32 (the rotation's bf16 terms on tensor cores)."""
+    hk = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    r_mask = rows < batch_rows
+    b = rows // GQ
+    hq = hk * GQ + rows % GQ
+    d = tl.arange(0, DP)
+    dm = r_mask[:, None] & (d[None, :] < D)
+    q = tl.load(Q + b[:, None] * s_qb + hq[:, None] * s_qh + d[None, :], mask=dm, other=0.0)
+    if HAS_ROT:
+        q = rotate_rows(q, Rot + hk * s_rhead, s_rterm, s_rrow, TERMS, False, False, DP,
+                        INTERP) * alpha
+    else:
+        q = q.to(tl.float32)
+    num_heads = tl.num_programs(0) * GQ
+    tl.store(Out + (b[:, None] * num_heads + hq[:, None]) * D + d[None, :], q, mask=dm)
