@@ -113,25 +113,27 @@ class _Driver:
         return fn.value
 
     def launch(self, fn: int, grid: tuple[int, int, int], block: int, params: ctypes.Structure,
-               stream: int) -> None:
+               shared_bytes: int, stream: int) -> None:
         argv = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(params), ctypes.c_void_p))
         self.check(self.lib.cuLaunchKernel(
             ctypes.c_void_p(fn), *map(ctypes.c_uint, grid), ctypes.c_uint(block),
-            ctypes.c_uint(1), ctypes.c_uint(1), ctypes.c_uint(0), ctypes.c_void_p(stream),
+            ctypes.c_uint(1), ctypes.c_uint(1), ctypes.c_uint(shared_bytes), ctypes.c_void_p(stream),
             argv, None), "cuLaunchKernel")
 
 
 _DRIVER: _Driver | None = None
 
 
-def function(source: str, name: str, defines: dict[str, int], device: torch.device) -> int:
+def function(source: str, name: str, defines: dict[str, int], device: torch.device, *,
+             shared_bytes: int = 0) -> int:
     """The loaded ``extern "C"`` kernel ``name`` of ``csrc/source`` compiled with ``defines`` for
-    ``device`` (compiled on first use, then cached on disk and in this process).
+    ``device`` (compiled on first use, then cached on disk and in this process), allowed
+    ``shared_bytes`` of dynamic shared memory per CTA.
 
     Raises RuntimeError if nvcc is missing or fails, or the driver refuses the module."""
     global _DRIVER
     index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (source, name, tuple(sorted(defines.items())), index)
+    key = (source, name, tuple(sorted(defines.items())), index, shared_bytes)
     fn = _FUNCS.get(key)
     if fn is not None:
         return fn
@@ -143,12 +145,18 @@ def function(source: str, name: str, defines: dict[str, int], device: torch.devi
             torch.cuda.init()
             with torch.cuda.device(index):
                 _DRIVER.ensure_context(index)
-                _FUNCS[key] = _DRIVER.load(cubin, name)
+                fn = _DRIVER.load(cubin, name)
+                if shared_bytes > 48 * 1024:
+                    _DRIVER.check(_DRIVER.lib.cuFuncSetAttribute(  # 8: MAX_DYNAMIC_SHARED_SIZE
+                        ctypes.c_void_p(fn), 8, ctypes.c_int(shared_bytes)), "cuFuncSetAttribute")
+                _FUNCS[key] = fn
         return _FUNCS[key]
 
 
 def launch(fn: int, grid: tuple[int, int, int], block: int, params: ctypes.Structure,
-           device: torch.device) -> None:
-    """Launch ``fn`` with one by-value struct argument on PyTorch's current stream of ``device``."""
+           device: torch.device, *, shared_bytes: int = 0) -> None:
+    """Launch ``fn`` with one by-value struct argument and ``shared_bytes`` of dynamic shared
+    memory on PyTorch's current stream of ``device``."""
     assert _DRIVER is not None
-    _DRIVER.launch(fn, grid, block, params, torch.cuda.current_stream(device).cuda_stream)
+    _DRIVER.launch(fn, grid, block, params, shared_bytes,
+                   torch.cuda.current_stream(device).cuda_stream)

@@ -23,6 +23,15 @@ KERNEL = "rq_decode_tc_split"
 HEAD_DIM = 128
 WARPS = 4  # splits per CTA (one warp each)
 TILE = 16  # history tokens per warp iteration
+STAGES = 3  # tiles in flight per warp (cp.async pipeline)
+CTAS_PER_SM = 2  # what the kernel's registers allow (__launch_bounds__ MINB)
+SPLITS_PER_SM = WARPS * CTAS_PER_SM
+
+
+def stage_bytes(anchor_bits: int, residual_bits: int) -> int:
+    """Shared memory of one pipeline stage of one warp (the CUDA source's STAGE_BYTES): the codes
+    of K and V for 16 tokens, 4 x 16 (scale, offset) rows padded to 8 bytes, 16 int64 slots."""
+    return 2 * TILE * 16 * (anchor_bits + residual_bits) + 4 * TILE * 8 + TILE * 8
 
 
 class _Args(ctypes.Structure):
@@ -65,7 +74,7 @@ def _tc_unsupported_reason(view: CompressedLayerView, loop_id: int, group: int,
     """Why the tensor-core CUDA split kernel cannot serve attention over ``loop_id`` with
     ``group`` query heads per KV head on ``device`` (None if it can): a fused format, CUDA with
     compute capability >= 8.9 (FP8 conversions), head_dim 128, 2- or 4-bit anchor, 0/2/4-bit
-    residual, group_size 32/64/128 with ``group * 128 / group_size <= 8``, code slices aligned
+    residual, group_size 32/64 with ``group * 128 / group_size <= 8``, code slices aligned
     for vector loads, and nvcc (or a cached build)."""
     why = unsupported_reason(view)
     if why is not None:
@@ -77,7 +86,7 @@ def _tc_unsupported_reason(view: CompressedLayerView, loop_id: int, group: int,
     if view.head_dim != HEAD_DIM:
         return f"head_dim={view.head_dim} (the CUDA kernel is head_dim 128 only)"
     gs = view.cfg.group_size
-    if gs not in (32, 64, 128):
+    if gs not in (32, 64):  # (scale, offset) rows of >= 4 bytes for cp.async
         return f"group_size={gs}"
     if group * (HEAD_DIM // gs) > 8:
         return f"{group} query heads x {HEAD_DIM // gs} groups > 8 MMA rows"
@@ -99,7 +108,7 @@ def _tc_unsupported_reason(view: CompressedLayerView, loop_id: int, group: int,
 def _defines(view: CompressedLayerView, loop_id: int, group: int) -> dict[str, int]:
     _, _, _, _, cf, a_bits, r_bits = _loop_tensors(view, loop_id)
     return dict(A_BITS=a_bits, R_BITS=r_bits, GS=view.cfg.group_size, GQ=group,
-                HAS_COEF=int(cf is not None))
+                HAS_COEF=int(cf is not None), MINB=CTAS_PER_SM, STAGES=STAGES)
 
 
 def tc_split(q_rot: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
@@ -112,7 +121,9 @@ def tc_split(q_rot: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Ten
     dev = q_rot.device
     group = HQ // num_kv_heads
     ac, aso, rc, rso, cf, _, _ = _loop_tensors(view, loop_id)
-    fn = cuda.function(SOURCE, KERNEL, _defines(view, loop_id, group), dev)
+    defines = _defines(view, loop_id, group)
+    smem = WARPS * STAGES * stage_bytes(defines["A_BITS"], defines["R_BITS"])
+    fn = cuda.function(SOURCE, KERNEL, defines, dev, shared_bytes=smem)
     mid_o = torch.empty(B, HQ, num_splits, D, dtype=torch.float32, device=dev)
     mid_ml = torch.empty(B, HQ, num_splits, 2, dtype=torch.float32, device=dev)
 
@@ -126,5 +137,5 @@ def tc_split(q_rot: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Ten
                  *parts(rso if rso is not None else aso), *parts(cf),
                  mid_o.data_ptr(), mid_ml.data_ptr(), qk_scale, num_splits, HQ)
     grid = (num_kv_heads, B, (num_splits + WARPS - 1) // WARPS)
-    cuda.launch(fn, grid, WARPS * 32, args, dev)
+    cuda.launch(fn, grid, WARPS * 32, args, dev, shared_bytes=smem)
     return mid_o, mid_ml

@@ -22,7 +22,7 @@
 // Output (rotated basis):    sum_g  (C_a - 128 SW_a) + (C_r - 128 SW_r) / 2^pos + sum p (c m_a + m_r)
 // (s, m: FP8 scale and offset of the group; c: LSQ coefficient; DESIGN.md section 2.)
 //
-// Compile-time parameters (nvcc -D...): A_BITS (2, 4), R_BITS (0, 2, 4), GS (32, 64, 128),
+// Compile-time parameters (nvcc -D...): A_BITS (2, 4), R_BITS (0, 2, 4), GS (32, 64),
 // GQ (query heads per KV head, GQ * 128 / GS <= 8), HAS_COEF (0, 1). head_dim is 128.
 // Writes the unnormalised split output MidO [B, HQ, S, 128] fp32 and MidML [B, HQ, S, 2]
 // (running max in log2 units, sum), the layout rq_decode_merge_kernel reduces.
@@ -37,7 +37,7 @@
 
 static_assert(A_BITS == 2 || A_BITS == 4, "A_BITS");
 static_assert(R_BITS == 0 || R_BITS == 2 || R_BITS == 4, "R_BITS");
-static_assert(GS == 32 || GS == 64 || GS == 128, "GS");
+static_assert(GS == 32 || GS == 64, "GS");
 static_assert(ROWS <= 8, "GQ * NG <= 8");
 
 __device__ __forceinline__ uint32_t lop_magic(uint32_t x, uint32_t mask) {
@@ -138,24 +138,6 @@ template <int BITS> __device__ __forceinline__ float pos_scale(int j) {  // 2^-p
   return 1.0f / float(1 << code_pos<BITS>(j));
 }
 
-struct TileRaw {
-  int64_t slot_k[2];   // tokens g, 8 + g (K B-operand)
-  int64_t slot_v[4];   // tokens 2t, 2t+1, 2t+8, 2t+9 (epilogue and V B-operand)
-  Words<4 * A_BITS> ka[2];
-  Words<2 * A_BITS> va[4];
-#if R_BITS > 0
-  Words<4 * R_BITS> kr[2];
-  Words<2 * R_BITS> vr[4];
-#endif
-  uint16_t kso_a[4], vso_a[4];
-#if R_BITS > 0
-  uint16_t kso_r[4], vso_r[4];
-#endif
-#if HAS_COEF
-  uint16_t ck[4], cv[4];
-#endif
-};
-
 struct Args {
   const float* q;  // [B, HQ, D] fp32, rotated basis
   const int32_t* kv_indptr;
@@ -172,72 +154,87 @@ struct Args {
   int num_qo_heads;
 };
 
-__device__ __forceinline__ void load_tile(const Args& A, int hk, int64_t base, int n, int hi,
-                                          int g, int t, TileRaw& T) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int tok = n + 8 * i + g;
-    T.slot_k[i] = tok < hi ? A.kv_indices[base + tok] : 0;
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int tok = n + 2 * t + (i & 1) + 8 * (i >> 1);
-    T.slot_v[i] = tok < hi ? A.kv_indices[base + tok] : 0;
-  }
-  const uint8_t* ach = A.ac + hk * A.ac_h;
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-    T.ka[i] = load_words<4 * A_BITS>(ach + T.slot_k[i] * A.ac_r + t * (4 * A_BITS));
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    T.va[i] = load_words<2 * A_BITS>(ach + A.ac_kv + T.slot_v[i] * A.ac_r + g * (2 * A_BITS));
-#if R_BITS > 0
-  const uint8_t* rch = A.rc + hk * A.rc_h;
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-    T.kr[i] = load_words<4 * R_BITS>(rch + T.slot_k[i] * A.rc_r + t * (4 * R_BITS));
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    T.vr[i] = load_words<2 * R_BITS>(rch + A.rc_kv + T.slot_v[i] * A.rc_r + g * (2 * R_BITS));
-#endif
+// ---- shared-memory pipeline: each warp streams its split through STAGES tiles in flight.
+// A stage holds one tile's raw bytes, gathered by cp.async from the pool rows of its 16 tokens:
+//   K anchor codes [16][BA] | V anchor codes [16][BA] | K residual [16][BR] | V residual [16][BR]
+//   | (scale, offset) rows [4 kinds][16][8] (K anchor, V anchor, K residual, V residual)
+//   | pool row (slot) of each token [16] int64.
+#define BA (16 * A_BITS)  // code bytes per (token, head) of the anchor
+#define BR (16 * R_BITS)
+#define SB (NG * 2)       // (scale, offset) bytes per (token, head)
+#define OFF_VA (TILE * BA)
+#define OFF_KR (2 * TILE * BA)
+#define OFF_VR (2 * TILE * BA + TILE * BR)
+#define OFF_SO (2 * TILE * (BA + BR))
+#define OFF_SLOT (OFF_SO + 4 * TILE * 8)
+#define STAGE_BYTES (OFF_SLOT + TILE * 8)
+// STAGES (tiles in flight per warp) and MINB (CTAs per SM, __launch_bounds__) come from the
+// launcher, which passes WARPS * STAGES * STAGE_BYTES of dynamic shared memory.
+static_assert(SB >= 4, "cp.async copies at least 4 bytes");
+
+template <int BYTES> __device__ __forceinline__ void cp_async_n(uint32_t dst, const void* src) {
+  if constexpr (BYTES == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src), "n"(BYTES));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// The per-token metadata of the 4 epilogue tokens (FP8 scale/offset pairs, coefficients):
-// loaded at the start of the tile that uses it (only rows that hold a (head, group)).
-__device__ __forceinline__ void load_meta(const Args& A, int hk, int g, bool row_ok, TileRaw& T) {
-  const int grp = g % NG;
+// Gather tile [n, n + 16) of this warp into the stage at shared address st. Lane: token
+// lane & 15, half lane >> 4 (alternate 16-byte chunks; (scale, offset) rows: half 0 the
+// anchor's, half 1 the residual's). slot: this lane's token's pool row (0 past hi).
+__device__ __forceinline__ void issue_tile(const Args& A, int hk, uint32_t st, int lane,
+                                           int64_t slot, uint8_t* st_ptr) {
+  const int tok = lane & 15, half = lane >> 4;
+  const uint8_t* ac = A.ac + hk * A.ac_h + slot * A.ac_r;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if (row_ok) {
-      const uint8_t* a = A.aso + hk * A.aso_h + T.slot_v[i] * A.aso_r + grp * 2;
-      T.kso_a[i] = *reinterpret_cast<const uint16_t*>(a);
-      T.vso_a[i] = *reinterpret_cast<const uint16_t*>(a + A.aso_kv);
-#if R_BITS > 0
-      const uint8_t* r = A.rso + hk * A.rso_h + T.slot_v[i] * A.rso_r + grp * 2;
-      T.kso_r[i] = *reinterpret_cast<const uint16_t*>(r);
-      T.vso_r[i] = *reinterpret_cast<const uint16_t*>(r + A.rso_kv);
-#endif
-#if HAS_COEF
-      const uint16_t* c = A.cf + hk * A.cf_h + T.slot_v[i] * A.cf_r;
-      T.ck[i] = c[0];
-      T.cv[i] = c[A.cf_kv];
-#endif
-    } else {
-      T.kso_a[i] = T.vso_a[i] = 0;
-#if R_BITS > 0
-      T.kso_r[i] = T.vso_r[i] = 0;
-#endif
-#if HAS_COEF
-      T.ck[i] = T.cv[i] = 0;
-#endif
+  for (int c = 0; c < BA / 16; c += 2) {
+    if (c + half < BA / 16) {
+      cp_async_n<16>(st + tok * BA + (c + half) * 16, ac + (c + half) * 16);
+      cp_async_n<16>(st + OFF_VA + tok * BA + (c + half) * 16, ac + A.ac_kv + (c + half) * 16);
     }
   }
+#if R_BITS > 0
+  const uint8_t* rc = A.rc + hk * A.rc_h + slot * A.rc_r;
+#pragma unroll
+  for (int c = 0; c < BR / 16; c += 2) {
+    if (c + half < BR / 16) {
+      cp_async_n<16>(st + OFF_KR + tok * BR + (c + half) * 16, rc + (c + half) * 16);
+      cp_async_n<16>(st + OFF_VR + tok * BR + (c + half) * 16, rc + A.rc_kv + (c + half) * 16);
+    }
+  }
+#endif
+  if (half == 0) {
+    const uint8_t* so = A.aso + hk * A.aso_h + slot * A.aso_r;
+    cp_async_n<SB>(st + OFF_SO + (0 * TILE + tok) * 8, so);
+    cp_async_n<SB>(st + OFF_SO + (1 * TILE + tok) * 8, so + A.aso_kv);
+    *reinterpret_cast<int64_t*>(st_ptr + OFF_SLOT + tok * 8) = slot;
+  } else {
+#if R_BITS > 0
+    const uint8_t* so = A.rso + hk * A.rso_h + slot * A.rso_r;
+    cp_async_n<SB>(st + OFF_SO + (2 * TILE + tok) * 8, so);
+    cp_async_n<SB>(st + OFF_SO + (3 * TILE + tok) * 8, so + A.rso_kv);
+#endif
+  }
 }
 
+__device__ __forceinline__ int64_t tile_slot(const Args& A, int64_t base, int n, int hi,
+                                             int lane) {
+  const int tok = n + (lane & 15);
+  return tok < hi ? A.kv_indices[base + tok] : 0;
+}
 
-#ifndef MINB
-#define MINB 2
-#endif
+__device__ __forceinline__ uint16_t so_pair(const uint8_t* stp, int kind, int tok, int grp) {
+  return *reinterpret_cast<const uint16_t*>(stp + OFF_SO + (kind * TILE + tok) * 8 + grp * 2);
+}
+
+template <int BYTES> __device__ __forceinline__ Words<BYTES> lds_words(const uint8_t* p) {
+  return load_words<BYTES>(p);  // generic pointer into shared memory: LDS
+}
+
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 rq_decode_tc_split(const Args A) {
   const int lane = threadIdx.x & 31;
@@ -304,11 +301,57 @@ rq_decode_tc_split(const Args A) {
   for (int l = 0; l < 16; ++l) cv[l][0] = cv[l][1] = cv[l][2] = cv[l][3] = 0.f;
   float m_run = -INFINITY, l_run = 0.f, sw_a = 0.f, sw_r = 0.f, m_off = 0.f;
 
-  TileRaw cur, nxt;
-  if (lo < hi) load_tile(A, hk, base, lo, hi, g, t, cur);
-  for (int n = lo; n < hi; n += TILE) {
-    load_meta(A, hk, g, row_ok, cur);
-    if (n + TILE < hi) load_tile(A, hk, base, n + TILE, hi, g, t, nxt);
+  extern __shared__ __align__(16) uint8_t smem[];  // [WARPS][STAGES][STAGE_BYTES]
+  uint8_t* wsm = smem + warp * (STAGES * STAGE_BYTES);
+  const uint32_t wsa = (uint32_t)__cvta_generic_to_shared(wsm);
+  const int ntiles = lo < hi ? (hi - lo + TILE - 1) / TILE : 0;
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < ntiles)
+      issue_tile(A, hk, wsa + s * STAGE_BYTES, lane, tile_slot(A, base, lo + s * TILE, hi, lane),
+                 wsm + s * STAGE_BYTES);
+    cp_commit();
+  }
+  int64_t pslot = STAGES - 1 < ntiles ? tile_slot(A, base, lo + (STAGES - 1) * TILE, hi, lane) : 0;
+  __syncwarp();
+#if HAS_COEF
+  // LSQ coefficients of the 4 epilogue tokens, one tile ahead in registers
+  uint16_t ck_n[4] = {0, 0, 0, 0}, cv_n[4] = {0, 0, 0, 0};
+  auto load_coef = [&](const uint8_t* stp) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (row_ok) {
+        const int64_t sl = *reinterpret_cast<const int64_t*>(
+            stp + OFF_SLOT + (2 * t + (i & 1) + 8 * (i >> 1)) * 8);
+        const uint16_t* c = A.cf + hk * A.cf_h + sl * A.cf_r;
+        ck_n[i] = c[0];
+        cv_n[i] = c[A.cf_kv];
+      }
+    }
+  };
+  if (ntiles > 0) load_coef(wsm);
+#endif
+  for (int it = 0; it < ntiles; ++it) {
+    const int n = lo + it * TILE;
+    const uint8_t* stp = wsm + (it % STAGES) * STAGE_BYTES;
+#if HAS_COEF
+    uint16_t ck_c[4], cv_c[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { ck_c[i] = ck_n[i]; cv_c[i] = cv_n[i]; }
+#endif
+    cp_wait<STAGES - 2>();
+    __syncwarp();
+    {
+      const int nt = it + STAGES - 1;
+      if (nt < ntiles)
+        issue_tile(A, hk, wsa + (nt % STAGES) * STAGE_BYTES, lane, pslot,
+                   wsm + (nt % STAGES) * STAGE_BYTES);
+      cp_commit();
+      pslot = nt + 1 < ntiles ? tile_slot(A, base, lo + (nt + 1) * TILE, hi, lane) : 0;
+    }
+#if HAS_COEF
+    if (it + 1 < ntiles) load_coef(wsm + ((it + 1) % STAGES) * STAGE_BYTES);
+#endif
 
     // ---- K: X[row, tok] for tokens g (n-tile 0) and 8 + g (n-tile 1)
     float ck[2][4];
@@ -316,11 +359,11 @@ rq_decode_tc_split(const Args A) {
     for (int i = 0; i < 2; ++i) {
       ck[i][0] = ck[i][1] = ck[i][2] = ck[i][3] = 0.f;
       uint32_t u[16];
-      unpack_k<A_BITS>(cur.ka[i], u);
+      unpack_k<A_BITS>(lds_words<4 * A_BITS>(stp + (8 * i + g) * BA + t * (4 * A_BITS)), u);
 #pragma unroll
       for (int s = 0; s < 8; ++s) mma_bf16(ck[i], qa[s][0], 0u, qa[s][1], 0u, u[2 * s], u[2 * s + 1]);
 #if R_BITS > 0
-      unpack_k<R_BITS>(cur.kr[i], u);
+      unpack_k<R_BITS>(lds_words<4 * R_BITS>(stp + OFF_KR + (8 * i + g) * BR + t * (4 * R_BITS)), u);
 #pragma unroll
       for (int s = 0; s < 8; ++s) mma_bf16(ck[i], 0u, qr[s][0], 0u, qr[s][1], u[2 * s], u[2 * s + 1]);
 #endif
@@ -331,17 +374,18 @@ rq_decode_tc_split(const Args A) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const float xa = ck[i >> 1][i & 1], xr = ck[i >> 1][2 + (i & 1)];
-      const float2 sa = fp8x2(cur.kso_a[i]);
+      const int tk = 2 * t + (i & 1) + 8 * (i >> 1);
+      const float2 sa = fp8x2(so_pair(stp, 0, tk, grp));
 #if HAS_COEF
-      const float c_k = bf16_lo(cur.ck[i]);
-      cvv[i] = bf16_lo(cur.cv[i]);
+      const float c_k = bf16_lo(ck_c[i]);
+      cvv[i] = bf16_lo(cv_c[i]);
 #else
       const float c_k = 1.f;
       cvv[i] = 1.f;
 #endif
       float lg = c_k * (sa.x * (xa - fold_a) + sa.y * qsum);
 #if R_BITS > 0
-      const float2 sr = fp8x2(cur.kso_r[i]);
+      const float2 sr = fp8x2(so_pair(stp, 2, tk, grp));
       lg += sr.x * (xr - fold_r) + sr.y * qsum;
 #else
       (void)xr;
@@ -378,11 +422,12 @@ rq_decode_tc_split(const Args A) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const float p = qk[i] == -INFINITY ? 0.f : exp2f(qk[i] - m_run);
-      const float2 sa = fp8x2(cur.vso_a[i]);
+      const int tk = 2 * t + (i & 1) + 8 * (i >> 1);
+      const float2 sa = fp8x2(so_pair(stp, 1, tk, grp));
       wa[i] = p * cvv[i] * sa.x;
       float off = cvv[i] * sa.y;
 #if R_BITS > 0
-      const float2 sr = fp8x2(cur.vso_r[i]);
+      const float2 sr = fp8x2(so_pair(stp, 3, tk, grp));
       wr[i] = p * sr.x;
       off += sr.y;
 #endif
@@ -399,25 +444,23 @@ rq_decode_tc_split(const Args A) {
     // ---- V: 16 n-tiles of 8 elements; column c of n-tile l is element 16 c + l
     {
       uint32_t u01[16], u89[16];
-      unpack_v<A_BITS>(cur.va[0], cur.va[1], u01);
-      unpack_v<A_BITS>(cur.va[2], cur.va[3], u89);
+      Words<2 * A_BITS> va[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        va[i] = lds_words<2 * A_BITS>(stp + OFF_VA + (2 * t + (i & 1) + 8 * (i >> 1)) * BA + g * (2 * A_BITS));
+      unpack_v<A_BITS>(va[0], va[1], u01);
+      unpack_v<A_BITS>(va[2], va[3], u89);
 #pragma unroll
       for (int l = 0; l < 16; ++l) mma_bf16(cv[l], wa01, 0u, wa89, 0u, u01[l], u89[l]);
 #if R_BITS > 0
-      unpack_v<R_BITS>(cur.vr[0], cur.vr[1], u01);
-      unpack_v<R_BITS>(cur.vr[2], cur.vr[3], u89);
+      Words<2 * R_BITS> vr[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        vr[i] = lds_words<2 * R_BITS>(stp + OFF_VR + (2 * t + (i & 1) + 8 * (i >> 1)) * BR + g * (2 * R_BITS));
+      unpack_v<R_BITS>(vr[0], vr[1], u01);
+      unpack_v<R_BITS>(vr[2], vr[3], u89);
 #pragma unroll
       for (int l = 0; l < 16; ++l) mma_bf16(cv[l], 0u, wr01, 0u, wr89, u01[l], u89[l]);
-#endif
-    }
-    if (n + TILE < hi) {
-      cur.slot_v[0] = nxt.slot_v[0]; cur.slot_v[1] = nxt.slot_v[1];
-      cur.slot_v[2] = nxt.slot_v[2]; cur.slot_v[3] = nxt.slot_v[3];
-      cur.ka[0] = nxt.ka[0]; cur.ka[1] = nxt.ka[1];
-      cur.va[0] = nxt.va[0]; cur.va[1] = nxt.va[1]; cur.va[2] = nxt.va[2]; cur.va[3] = nxt.va[3];
-#if R_BITS > 0
-      cur.kr[0] = nxt.kr[0]; cur.kr[1] = nxt.kr[1];
-      cur.vr[0] = nxt.vr[0]; cur.vr[1] = nxt.vr[1]; cur.vr[2] = nxt.vr[2]; cur.vr[3] = nxt.vr[3];
 #endif
     }
   }
