@@ -186,7 +186,9 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
             HAS_ROT=has_rot, TERMS=nterms, BLOCK_M=16, INTERP=interp, num_warps=4)
         splits = launch.num_splits or choose_num_splits(
             B, HKV, kv_indices.numel(), dev, block_n=TC_TILE, programs_per_sm=SPLITS_PER_SM)
-        splits = cdiv(splits, TC_WARPS) * TC_WARPS  # one split per warp: no idle warps
+        # one split per warp: a multiple of the warps per CTA (no idle warps), rounded down
+        # so that the CTAs still fit one wave
+        splits = max(TC_WARPS, splits // TC_WARPS * TC_WARPS)
         mid_o, mid_ml = tc_split(q_rot, kv_indptr, kv_indices, view, loop_id, HKV, qk_scale,
                                  splits)
     elif kernel == "fma":

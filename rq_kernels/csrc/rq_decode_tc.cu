@@ -40,8 +40,12 @@ static_assert(R_BITS == 0 || R_BITS == 2 || R_BITS == 4, "R_BITS");
 static_assert(GS == 32 || GS == 64, "GS");
 static_assert(ROWS <= 8, "GQ * NG <= 8");
 
-__device__ __forceinline__ uint32_t lop_magic(uint32_t x, uint32_t mask) {
-  return (x & mask) | 0x43004300u;  // one LOP3
+// (x & mask) | magic in one LOP3: written as PTX with the magic in a register (with two
+// immediates ptxas emits an AND and an OR).
+__device__ __forceinline__ uint32_t lop_magic(uint32_t x, uint32_t mask, uint32_t magic) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(x), "r"(mask), "r"(magic));
+  return d;
 }
 
 // Shift and position of code j (0 <= j < 16/BITS) of a 16-bit half after unpacking.
@@ -53,12 +57,13 @@ template <int BITS> __device__ __forceinline__ constexpr int code_pos(int j) {
 }
 
 // Unpack one 32-bit word X: R[j] = (128 + lo-half code j * 2^pos(j), 128 + hi-half code j ...).
-template <int BITS> __device__ __forceinline__ void unpack_word(uint32_t x, uint32_t* r) {
+template <int BITS> __device__ __forceinline__ void unpack_word(uint32_t x, uint32_t* r,
+                                                            uint32_t magic) {
   constexpr int H = 16 / BITS;
 #pragma unroll
   for (int j = 0; j < H; ++j) {
     const uint32_t m = ((1u << BITS) - 1u) << code_pos<BITS>(j);
-    r[j] = lop_magic(x >> code_shift<BITS>(j), m | (m << 16));
+    r[j] = lop_magic(x >> code_shift<BITS>(j), m | (m << 16), magic);
   }
 }
 
@@ -110,23 +115,24 @@ template <int BYTES> __device__ __forceinline__ Words<BYTES> load_words(const ui
 
 // K side: the 32-element slice t of one token -> 16 bf16x2 B-operand registers; register
 // r = w * H + j holds slice elements (w * P + j, w * P + H + j) (P codes per word, H per half).
-template <int BITS> __device__ __forceinline__ void unpack_k(const Words<4 * BITS>& x, uint32_t* u) {
+template <int BITS> __device__ __forceinline__ void unpack_k(const Words<4 * BITS>& x, uint32_t* u,
+                                                         uint32_t magic) {
   constexpr int H = 16 / BITS;
 #pragma unroll
-  for (int w = 0; w < BITS; ++w) unpack_word<BITS>(x.w[w], u + w * H);
+  for (int w = 0; w < BITS; ++w) unpack_word<BITS>(x.w[w], u + w * H, magic);
 }
 
 // V side: the 16-element slice g of tokens a and b -> 16 registers, register l holding
 // (token a, token b) of slice element l.
 template <int BITS> __device__ __forceinline__ void unpack_v(const Words<2 * BITS>& a,
                                                              const Words<2 * BITS>& b,
-                                                             uint32_t* u) {
+                                                             uint32_t* u, uint32_t magic) {
   constexpr int H = 16 / BITS;
   constexpr int NW = BITS / 2;  // words per slice
 #pragma unroll
   for (int w = 0; w < NW; ++w) {
-    unpack_word<BITS>(__byte_perm(a.w[w], b.w[w], 0x5410), u + w * 2 * H);
-    unpack_word<BITS>(__byte_perm(a.w[w], b.w[w], 0x7632), u + w * 2 * H + H);
+    unpack_word<BITS>(__byte_perm(a.w[w], b.w[w], 0x5410), u + w * 2 * H, magic);
+    unpack_word<BITS>(__byte_perm(a.w[w], b.w[w], 0x7632), u + w * 2 * H + H, magic);
   }
 }
 
@@ -231,6 +237,11 @@ __device__ __forceinline__ uint16_t so_pair(const uint8_t* stp, int kind, int to
   return *reinterpret_cast<const uint16_t*>(stp + OFF_SO + (kind * TILE + tok) * 8 + grp * 2);
 }
 
+// The (scale, offset) pairs of groups cg and cg + 1 (cg even) as one 32-bit word.
+__device__ __forceinline__ uint32_t so_word(const uint8_t* stp, int kind, int tok, int cg) {
+  return *reinterpret_cast<const uint32_t*>(stp + OFF_SO + (kind * TILE + tok) * 8 + cg * 2);
+}
+
 template <int BYTES> __device__ __forceinline__ Words<BYTES> lds_words(const uint8_t* p) {
   return load_words<BYTES>(p);  // generic pointer into shared memory: LDS
 }
@@ -239,6 +250,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 rq_decode_tc_split(const Args A) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
+  const uint32_t magic = 0x43004300u;  // bf16x2 (128, 128); a register operand of the LOP3s
   const int g = lane >> 2, t = lane & 3;
   const int hk = blockIdx.x, b = blockIdx.y;
   const int split = blockIdx.z * WARPS + warp;
@@ -295,6 +307,19 @@ rq_decode_tc_split(const Args A) {
     qsum += __shfl_xor_sync(0xffffffffu, qsum, 1);
     qsum += __shfl_xor_sync(0xffffffffu, qsum, 2);
   }
+  // K side (tokens on M): this thread's accumulator columns 2t, 2t + 1 are rows (head ht,
+  // groups cg, cg + 1) of the query; their folds come from the quads that built them.
+  const int cg = (2 * t) % NG;
+  const bool col_ok = 2 * t < ROWS;
+  float cf_a[2], cf_r[2], cq[2];
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    cf_a[c] = __shfl_sync(0xffffffffu, fold_a, 4 * (2 * t + c));
+    cf_r[c] = __shfl_sync(0xffffffffu, fold_r, 4 * (2 * t + c));
+    cq[c] = __shfl_sync(0xffffffffu, qsum, 4 * (2 * t + c));
+  }
+  // the lane (of quad 0) whose columns belong to this thread's V head h
+  const int src_t = (h * NG) / 2 < 4 ? (h * NG) / 2 : 0;
 
   float cv[16][4];
 #pragma unroll
@@ -316,16 +341,22 @@ rq_decode_tc_split(const Args A) {
   __syncwarp();
 #if HAS_COEF
   // LSQ coefficients of the 4 epilogue tokens, one tile ahead in registers
-  uint16_t ck_n[4] = {0, 0, 0, 0}, cv_n[4] = {0, 0, 0, 0};
+  uint16_t ck_n[2] = {0, 0}, cv_n[4] = {0, 0, 0, 0};
   auto load_coef = [&](const uint8_t* stp) {
+    const uint16_t* cfh = A.cf + hk * A.cf_h;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (col_ok) {
+        const int64_t sl = *reinterpret_cast<const int64_t*>(stp + OFF_SLOT + (8 * j + g) * 8);
+        ck_n[j] = cfh[sl * A.cf_r];
+      }
+    }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       if (row_ok) {
         const int64_t sl = *reinterpret_cast<const int64_t*>(
             stp + OFF_SLOT + (2 * t + (i & 1) + 8 * (i >> 1)) * 8);
-        const uint16_t* c = A.cf + hk * A.cf_h + sl * A.cf_r;
-        ck_n[i] = c[0];
-        cv_n[i] = c[A.cf_kv];
+        cv_n[i] = cfh[sl * A.cf_r + A.cf_kv];
       }
     }
   };
@@ -335,9 +366,10 @@ rq_decode_tc_split(const Args A) {
     const int n = lo + it * TILE;
     const uint8_t* stp = wsm + (it % STAGES) * STAGE_BYTES;
 #if HAS_COEF
-    uint16_t ck_c[4], cv_c[4];
+    uint16_t ck_c[2], cv_c[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) { ck_c[i] = ck_n[i]; cv_c[i] = cv_n[i]; }
+    for (int i = 0; i < 4; ++i) cv_c[i] = cv_n[i];
+    ck_c[0] = ck_n[0]; ck_c[1] = ck_n[1];
 #endif
     cp_wait<STAGES - 2>();
     __syncwarp();
@@ -353,55 +385,72 @@ rq_decode_tc_split(const Args A) {
     if (it + 1 < ntiles) load_coef(wsm + ((it + 1) % STAGES) * STAGE_BYTES);
 #endif
 
-    // ---- K: X[row, tok] for tokens g (n-tile 0) and 8 + g (n-tile 1)
-    float ck[2][4];
+    // ---- K (tokens on M): X[tok, col] for tokens g, 8 + g and columns 2t, 2t + 1
+    float xa[4] = {0.f, 0.f, 0.f, 0.f};
+    {
+      uint32_t u0[16], u1[16];
+      unpack_k<A_BITS>(lds_words<4 * A_BITS>(stp + g * BA + t * (4 * A_BITS)), u0, magic);
+      unpack_k<A_BITS>(lds_words<4 * A_BITS>(stp + (8 + g) * BA + t * (4 * A_BITS)), u1, magic);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      ck[i][0] = ck[i][1] = ck[i][2] = ck[i][3] = 0.f;
-      uint32_t u[16];
-      unpack_k<A_BITS>(lds_words<4 * A_BITS>(stp + (8 * i + g) * BA + t * (4 * A_BITS)), u);
-#pragma unroll
-      for (int s = 0; s < 8; ++s) mma_bf16(ck[i], qa[s][0], 0u, qa[s][1], 0u, u[2 * s], u[2 * s + 1]);
-#if R_BITS > 0
-      unpack_k<R_BITS>(lds_words<4 * R_BITS>(stp + OFF_KR + (8 * i + g) * BR + t * (4 * R_BITS)), u);
-#pragma unroll
-      for (int s = 0; s < 8; ++s) mma_bf16(ck[i], 0u, qr[s][0], 0u, qr[s][1], u[2 * s], u[2 * s + 1]);
-#endif
+      for (int s = 0; s < 8; ++s)
+        mma_bf16(xa, u0[2 * s], u1[2 * s], u0[2 * s + 1], u1[2 * s + 1], qa[s][0], qa[s][1]);
     }
-
-    // ---- logits of tokens 2t + (i & 1) + 8 (i >> 1), summed over the groups of head h
+#if R_BITS > 0
+    float xr[4] = {0.f, 0.f, 0.f, 0.f};
+    {
+      uint32_t u0[16], u1[16];
+      unpack_k<R_BITS>(lds_words<4 * R_BITS>(stp + OFF_KR + g * BR + t * (4 * R_BITS)), u0, magic);
+      unpack_k<R_BITS>(lds_words<4 * R_BITS>(stp + OFF_KR + (8 + g) * BR + t * (4 * R_BITS)), u1, magic);
+#pragma unroll
+      for (int s = 0; s < 8; ++s)
+        mma_bf16(xr, u0[2 * s], u1[2 * s], u0[2 * s + 1], u1[2 * s + 1], qr[s][0], qr[s][1]);
+    }
+#endif
+    // ---- logits of head ht for tokens g (j = 0) and 8 + g (j = 1): this thread's two columns,
+    // then the head's other columns (NG = 4: the neighbour thread)
+    float lg[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int tk = 8 * j + g;
+      const uint32_t ska = so_word(stp, 0, tk, cg);
+#if HAS_COEF
+      const float c_k = bf16_lo(ck_c[j]);
+#else
+      const float c_k = 1.f;
+#endif
+      float acc = 0.f;
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float2 sa = fp8x2((uint16_t)(ska >> (16 * c)));
+        float v = c_k * (sa.x * (xa[2 * j + c] - cf_a[c]) + sa.y * cq[c]);
+#if R_BITS > 0
+        const float2 sr = fp8x2((uint16_t)(so_word(stp, 2, tk, cg) >> (16 * c)));
+        v += sr.x * (xr[2 * j + c] - cf_r[c]) + sr.y * cq[c];
+#endif
+        acc += col_ok ? v : 0.f;
+      }
+      if (NG == 4) acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+      lg[j] = (col_ok && n + tk < hi) ? acc * A.qk_scale : -INFINITY;
+    }
+    // tile max of head ht over the 16 tokens, then of this thread's V head h
+    float mt = fmaxf(lg[0], lg[1]);
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 4));
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 8));
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 16));
+    mt = __shfl_sync(0xffffffffu, mt, src_t);
+    // logits of head h for the V tokens 2t + (i & 1) + 8 (i >> 1), from the threads holding them
     float qk[4], cvv[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float xa = ck[i >> 1][i & 1], xr = ck[i >> 1][2 + (i & 1)];
-      const int tk = 2 * t + (i & 1) + 8 * (i >> 1);
-      const float2 sa = fp8x2(so_pair(stp, 0, tk, grp));
+      qk[i] = __shfl_sync(0xffffffffu, lg[i >> 1], 4 * (2 * t + (i & 1)) + src_t);
+      if (!row_ok) qk[i] = -INFINITY;
 #if HAS_COEF
-      const float c_k = bf16_lo(ck_c[i]);
       cvv[i] = bf16_lo(cv_c[i]);
 #else
-      const float c_k = 1.f;
       cvv[i] = 1.f;
 #endif
-      float lg = c_k * (sa.x * (xa - fold_a) + sa.y * qsum);
-#if R_BITS > 0
-      const float2 sr = fp8x2(so_pair(stp, 2, tk, grp));
-      lg += sr.x * (xr - fold_r) + sr.y * qsum;
-#else
-      (void)xr;
-#endif
-      qk[i] = row_ok ? lg : 0.f;
     }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (NG >= 2) qk[i] += __shfl_xor_sync(0xffffffffu, qk[i], 4);
-      if (NG >= 4) qk[i] += __shfl_xor_sync(0xffffffffu, qk[i], 8);
-      const int tok = n + 2 * t + (i & 1) + 8 * (i >> 1);
-      qk[i] = (row_ok && tok < hi) ? qk[i] * A.qk_scale : -INFINITY;
-    }
-    float mt = fmaxf(fmaxf(qk[0], qk[1]), fmaxf(qk[2], qk[3]));
-    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
-    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+    if (!row_ok) mt = -INFINITY;
     // lazy rescaling: keep the running max unless a row's tile max exceeds it by 2^8
     if (__any_sync(0xffffffffu, mt > m_run + 8.f)) {
       const float m_new = fmaxf(m_run, mt);
@@ -448,8 +497,8 @@ rq_decode_tc_split(const Args A) {
 #pragma unroll
       for (int i = 0; i < 4; ++i)
         va[i] = lds_words<2 * A_BITS>(stp + OFF_VA + (2 * t + (i & 1) + 8 * (i >> 1)) * BA + g * (2 * A_BITS));
-      unpack_v<A_BITS>(va[0], va[1], u01);
-      unpack_v<A_BITS>(va[2], va[3], u89);
+      unpack_v<A_BITS>(va[0], va[1], u01, magic);
+      unpack_v<A_BITS>(va[2], va[3], u89, magic);
 #pragma unroll
       for (int l = 0; l < 16; ++l) mma_bf16(cv[l], wa01, 0u, wa89, 0u, u01[l], u89[l]);
 #if R_BITS > 0
@@ -457,8 +506,8 @@ rq_decode_tc_split(const Args A) {
 #pragma unroll
       for (int i = 0; i < 4; ++i)
         vr[i] = lds_words<2 * R_BITS>(stp + OFF_VR + (2 * t + (i & 1) + 8 * (i >> 1)) * BR + g * (2 * R_BITS));
-      unpack_v<R_BITS>(vr[0], vr[1], u01);
-      unpack_v<R_BITS>(vr[2], vr[3], u89);
+      unpack_v<R_BITS>(vr[0], vr[1], u01, magic);
+      unpack_v<R_BITS>(vr[2], vr[3], u89, magic);
 #pragma unroll
       for (int l = 0; l < 16; ++l) mma_bf16(cv[l], 0u, wr01, 0u, wr89, u01[l], u89[l]);
 #endif
