@@ -81,6 +81,8 @@ def _tc_unsupported_reason(view: CompressedLayerView, loop_id: int, group: int,
         return why
     if device.type != "cuda":
         return f"{device.type} tensors (the CUDA kernel runs on CUDA only)"
+    if not torch.cuda.is_available():
+        return "CUDA is not available"
     if torch.cuda.get_device_capability(device) < (8, 9):
         return "compute capability < 8.9"
     if view.head_dim != HEAD_DIM:

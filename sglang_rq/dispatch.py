@@ -8,10 +8,12 @@ name of what serves it and why:
 path     ``rq_native`` (CPU)                       ``rq_triton`` (CUDA; CPU under TRITON_INTERPRET)
 =======  ========================================  ==============================================
 commit   ``c``: `cpu_attention.commit_cpu`         ``triton``: `rq_kernels.commit`
-decode   ``c``: `cpu_attention.extend_attention_   `rq_kernels.decode_attention`: ``triton_fma``
-         cpu`, one query row per request           (MHA, CUDA-core split kernel) or ``triton``
-                                                   (GQA, or MHA formats the former refuses:
-                                                   tensor-core split kernel)
+decode   ``c``: `cpu_attention.extend_attention_   `rq_kernels.decode_attention`: ``cuda_tc``
+         cpu`, one query row per request           (CUDA tensor-core split kernel: head_dim
+                                                   128, 2/4-bit anchor, 0/2/4-bit residual),
+                                                   else ``triton_fma`` (MHA, CUDA-core split
+                                                   kernel), else ``triton`` (Triton tensor-core
+                                                   split kernel)
 extend   ``c``: `cpu_attention.extend_attention_   ``triton``: `rq_kernels.extend_attention`
          cpu`
 =======  ========================================  ==============================================
@@ -39,6 +41,7 @@ from rq_kernels import (
     unsupported_reason,
 )
 from rq_kernels.decode import fma_unsupported_reason
+from rq_kernels.decode_tc import tc_unsupported_reason
 from sglang_rq import metrics
 from sglang_rq.reference import (
     commit_reference, decode_attention_reference, extend_attention_reference,
@@ -80,7 +83,7 @@ class KernelRequest:
 
 @dataclass(frozen=True)
 class KernelPath:
-    """What serves one path: ``impl`` (``c``, ``triton``, ``triton_fma`` or ``twin``),
+    """What serves one path: ``impl`` (``c``, ``cuda_tc``, ``triton``, ``triton_fma`` or ``twin``),
     ``reason`` (why the preferred implementation does not serve it; "" when it does) and ``fn``.
 
     ``fn`` has the path's signature: commit ``(k_loops, v_loops, loc, view)``
@@ -182,14 +185,19 @@ def _resolve_triton(view: CompressedLayerView, dev: torch.device,
     why = unsupported_reason(view) or kernel_device_reason(dev)
     if why is not None:
         return KernelPaths(*(_twin(p, why) for p in PATHS))
-    decode = KernelPath("decode", "triton", "", decode_attention)
-    if qo_heads_per_kv == 1:
-        # `decode_attention` picks its split kernel by the same rule: the CUDA-core kernel for
-        # MHA (1.3-1.9x the tensor-core one on the H200), the tensor-core kernel for GQA
-        # (docs/kernels.md); this only names which one serves, and why not the former
-        fma_why = fma_unsupported_reason(view, 1)
-        decode = (KernelPath("decode", "triton_fma", "", decode_attention) if fma_why is None
-                  else KernelPath("decode", "triton", f"decode fma: {fma_why}", decode_attention))
+    # `decode_attention` picks its split kernel by the same rule (docs/kernels.md): the CUDA
+    # tensor-core kernel where it serves the format (checked on loop 0, a residual loop), else
+    # the Triton CUDA-core kernel for MHA, else the Triton tensor-core kernel; this only names
+    # which one serves, and why not the preferred one
+    tc_why = tc_unsupported_reason(view, 0, qo_heads_per_kv, dev)
+    fma_why = fma_unsupported_reason(view, qo_heads_per_kv)
+    if tc_why is None:
+        decode = KernelPath("decode", "cuda_tc", "", decode_attention)
+    elif fma_why is None:
+        decode = KernelPath("decode", "triton_fma", f"decode tc: {tc_why}", decode_attention)
+    else:
+        decode = KernelPath("decode", "triton", f"decode tc: {tc_why}; fma: {fma_why}",
+                            decode_attention)
     return KernelPaths(commit=KernelPath("commit", "triton", "", commit), decode=decode,
                        extend=KernelPath("extend", "triton", "", extend_attention))
 

@@ -33,7 +33,7 @@ Families (``sglang_rq_`` prefix, base units in names, ``_total`` on counters):
 ``sglang_rq_committed_tokens_total``                tokens quantized into the pool
 ``sglang_rq_nonfinite_attention_outputs_total``     tokens whose attention output had NaN/Inf
 ``sglang_rq_kernel_path_info{path,impl,reason}``    1 per path (commit, decode, extend): what
-                                                    serves it (``c``, ``triton``, ``triton_fma``,
+                                                    serves it (``c``, ``cuda_tc``, ``triton``, ``triton_fma``,
                                                     ``twin``) and why (`sglang_rq.dispatch`)
 ``sglang_rq_fallbacks_total{path}``                 forwards a PyTorch twin served, per path
                                                     (``unlooped_*``: Huginn's prelude/coda)
@@ -120,8 +120,8 @@ def _create() -> dict[str, Any]:
                                 "1 once decode CUDA graphs were turned off because a layer needed "
                                 "a K/V prescale after they were captured (sglang_rq.prescale)."),
         "kernel_path": gauge("kernel_path_info",
-                             "What serves each path (value 1): impl c, triton, triton_fma or "
-                             "twin, and the reason the preferred kernel does not serve it.",
+                             "What serves each path (value 1): impl c, cuda_tc, triton, triton_fma "
+                             "or twin, and the reason the preferred kernel does not serve it.",
                              ("path", "impl", "reason")),
     }
     for path in FALLBACK_PATHS:

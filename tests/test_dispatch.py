@@ -42,8 +42,12 @@ def test_format_the_triton_kernels_refuse_runs_the_twin_with_its_reason():
 
 def test_default_format_on_cuda_is_served_by_the_fma_kernel_for_mha_and_mma_for_gqa():
     mha = resolve(view_of(RQConfig()), device="cuda", request=TRITON)
+    if torch.cuda.is_available():  # head_dim 64: not the CUDA tensor-core kernel's
+        assert mha.decode.reason.startswith("decode tc: head_dim=64")
+    else:
+        assert mha.decode.reason == "decode tc: CUDA is not available"
     assert impls(mha) == {"commit": "triton", "decode": "triton_fma", "extend": "triton"}
-    assert mha.decode.fn is decode_attention and all(p.reason == "" for p in mha)
+    assert mha.decode.fn is decode_attention and mha.commit.reason == mha.extend.reason == ""
     gqa = resolve(view_of(RQConfig()), device="cuda",
                   request=KernelRequest(backend="rq_triton", qo_heads_per_kv=4))
     assert impls(gqa) == {"commit": "triton", "decode": "triton", "extend": "triton"}
