@@ -1,11 +1,12 @@
-"""CUDA C++ kernels compiled at first use: ``nvcc -cubin`` into a disk cache, loaded and launched
-through the CUDA driver API (``libcuda`` via ctypes), the way Triton launches its own cubins.
+"""CUDA C++ kernels compiled at first use into a disk cache, loaded and launched through the CUDA
+driver API (``libcuda`` via ctypes), the way Triton launches its own cubins.
 
-Why not a PyTorch C++ extension: no host compiler, pybind11 or ninja is needed, only ``nvcc``
-(the CUDA toolkit, 12.4 or newer; the H200 machine has 13.0) when a variant is first compiled.
-A compiled variant is cached under ``$SGLANG_RQ_CUDA_CACHE`` (default
-``~/.cache/sglang-rq/cuda``), keyed by the source text, the defines and the GPU architecture,
-so later processes (SGLang's TP workers, restarts) only load it.
+The compiler is ``nvcc -cubin`` when the CUDA toolkit is installed (12.x/13.x; the H200 machine's
+13.0 built every measured cubin), else NVRTC: ``libnvrtc`` from the ``nvidia-cuda-nvrtc`` wheel
+that CUDA builds of PyTorch install, so a runtime-only image needs nothing extra. No host
+compiler, pybind11 or ninja is involved. A compiled variant is cached under
+``$SGLANG_RQ_CUDA_CACHE`` (default ``~/.cache/sglang-rq/cuda``), keyed by the source text, the
+defines and the GPU architecture, so later processes (SGLang's TP workers, restarts) only load it.
 
 Launches go to the current PyTorch stream, so they are captured by CUDA graphs. Compiling and
 loading happen on the first eager call (SGLang runs eager warm-ups before capture).
@@ -14,6 +15,7 @@ loading happen on the first eager call (SGLang runs eager warm-ups before captur
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import hashlib
 import os
 import shutil
@@ -51,25 +53,49 @@ def _cubin_path(source: str, defines: dict[str, int], arch: str) -> Path:
     return cache_dir() / f"{key}.cubin"
 
 
+def nvrtc_path() -> str | None:
+    """``libnvrtc`` of the ``nvidia-cuda-nvrtc`` wheel (cu13 or cu12 layout), else the system's."""
+    try:
+        import nvidia  # namespace package of NVIDIA's CUDA wheels
+        roots = [Path(p) for p in nvidia.__path__]
+    except ImportError:
+        roots = []
+    for root in roots:
+        for pattern in ("cu13/lib/libnvrtc.so.*", "cuda_nvrtc/lib/libnvrtc.so.*",
+                        "*/lib/libnvrtc.so.*"):
+            hits = sorted(h for h in root.glob(pattern) if "builtins" not in h.name
+                          and ".alt." not in h.name)
+            if hits:
+                return str(hits[0])
+    return ctypes.util.find_library("nvrtc")
+
+
 def compiled_or_compilable(source: str, defines: dict[str, int], device: torch.device
                            ) -> str | None:
     """Why ``source`` with ``defines`` cannot be loaded on ``device`` (None if it can: cached, or
-    ``nvcc`` is available to compile it)."""
-    path = _cubin_path((CSRC / source).read_text(), defines, arch_of(device))
-    if path.is_file() or nvcc_path() is not None:
+    nvcc or NVRTC is available to compile it)."""
+    src = CSRC / source
+    if not src.is_file():
+        return f"{src} is missing (a wheel built without rq_kernels/csrc/*.cu)"
+    path = _cubin_path(src.read_text(), defines, arch_of(device))
+    if path.is_file() or nvcc_path() is not None or nvrtc_path() is not None:
         return None
-    return "nvcc not found (set CUDA_HOME or put the CUDA toolkit's bin on PATH)"
+    return ("neither nvcc nor libnvrtc found (install the CUDA toolkit or the nvidia-cuda-nvrtc "
+            "wheel)")
 
 
 def _compile(text: str, source: str, defines: dict[str, int], arch: str) -> bytes:
     path = _cubin_path(text, defines, arch)
     if path.is_file():
         return path.read_bytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
     nvcc = nvcc_path()
     if nvcc is None:
-        raise RuntimeError(f"compiling {source} needs nvcc: set CUDA_HOME or put the CUDA "
-                           "toolkit's bin on PATH")
-    path.parent.mkdir(parents=True, exist_ok=True)
+        cubin = compile_nvrtc(text, source, defines, arch)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(cubin)
+        os.replace(tmp, path)
+        return cubin
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "-use_fast_math", "-std=c++17",
            *(f"-D{k}={v}" for k, v in sorted(defines.items())), "-o", str(tmp),
@@ -79,6 +105,41 @@ def _compile(text: str, source: str, defines: dict[str, int], arch: str) -> byte
         raise RuntimeError(f"nvcc failed on {source} ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
     os.replace(tmp, path)  # atomic: concurrent processes compiling the same variant
     return path.read_bytes()
+
+
+def compile_nvrtc(text: str, source: str, defines: dict[str, int], arch: str) -> bytes:
+    """Compile CUDA C++ ``text`` to a cubin for ``arch`` (``sm_90``...) with NVRTC.
+
+    Raises RuntimeError with NVRTC's log if libnvrtc is missing or compilation fails."""
+    lib_path = nvrtc_path()
+    if lib_path is None:
+        raise RuntimeError(f"compiling {source} needs nvcc or libnvrtc (nvidia-cuda-nvrtc)")
+    lib = ctypes.CDLL(lib_path)
+    prog = ctypes.c_void_p()
+
+    def check(rc: int, what: str) -> None:
+        if rc != 0:
+            size = ctypes.c_size_t()
+            lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+            log = ctypes.create_string_buffer(size.value + 1)
+            lib.nvrtcGetProgramLog(prog, log)
+            raise RuntimeError(f"NVRTC {what} failed on {source} (error {rc}):\n"
+                               f"{log.value.decode(errors='replace')[-4000:]}")
+
+    check(lib.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), source.encode(), 0, None,
+                                 None), "nvrtcCreateProgram")
+    try:
+        opts = [f"--gpu-architecture={arch}", "--use_fast_math", "-std=c++17",
+                *(f"-D{k}={v}" for k, v in sorted(defines.items()))]
+        argv = (ctypes.c_char_p * len(opts))(*(o.encode() for o in opts))
+        check(lib.nvrtcCompileProgram(prog, len(opts), argv), "compile")
+        size = ctypes.c_size_t()
+        check(lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "nvrtcGetCUBINSize")
+        buf = ctypes.create_string_buffer(size.value)
+        check(lib.nvrtcGetCUBIN(prog, buf), "nvrtcGetCUBIN")
+        return buf.raw
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
 class _Driver:

@@ -27,7 +27,17 @@
 // Writes the unnormalised split output MidO [B, HQ, S, 128] fp32 and MidML [B, HQ, S, 2]
 // (running max in log2 units, sum), the layout rq_decode_merge_kernel reduces.
 
+#ifdef __CUDACC_RTC__  // NVRTC (no system headers)
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+#define INFINITY __int_as_float(0x7f800000)
+#else
 #include <stdint.h>
+#include <math.h>
+#endif
 
 #define D 128
 #define TILE 16

@@ -1,0 +1,71 @@
+"""The CUDA tensor-core split kernel without a GPU: its host-side mirror of the argument struct and
+shared-memory stage agree with the CUDA source, and every variant the launcher can request
+compiles (NVRTC, sm_90; skipped where libnvrtc is absent). Its numerics are tested against the
+PyTorch twin on a GPU (`test_decode.py::test_decode_tc_kernel`)."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import re
+
+import pytest
+
+from rq_kernels import cuda
+from rq_kernels.decode_tc import SOURCE, STAGES, CTAS_PER_SM, _Args, stage_bytes
+
+TEXT = (cuda.CSRC / SOURCE).read_text()
+
+
+def _struct_fields(text: str, name: str) -> list[tuple[str, str]]:
+    """(C type, member) of ``struct name`` in declaration order."""
+    body = re.search(rf"struct {name} \{{(.*?)\n\}};", text, re.S).group(1)
+    fields = []
+    for decl in re.sub(r"//[^\n]*", "", body).split(";"):
+        decl = decl.strip()
+        if not decl:
+            continue
+        m = re.match(r"((?:const )?\w+\s*\*?)\s*(.*)", decl)
+        ctype = m.group(1).replace(" ", "")
+        fields += [(ctype, n.strip()) for n in m.group(2).split(",")]
+    return fields
+
+
+def test_argument_struct_mirror_matches_the_cuda_source():
+    c_fields = _struct_fields(TEXT, "Args")
+    py_fields = _Args._fields_
+    assert [n for _, n in c_fields] == [n for n, _ in py_fields]
+    kinds = {"int64_t": ctypes.c_int64, "float": ctypes.c_float, "int": ctypes.c_int32}
+    for (ctype, name), (_, pytype) in zip(c_fields, py_fields):
+        want = ctypes.c_void_p if ctype.endswith("*") else kinds[ctype]
+        assert pytype is want, f"{name}: C {ctype} vs ctypes {pytype}"
+
+
+def test_stage_bytes_mirror_matches_the_cuda_source():
+    """STAGE_BYTES of the source, evaluated for each bit pair, equals `stage_bytes`."""
+    defs = {k: v.strip() for k, v in re.findall(r"#define (\w+) ([^/\n]+)", TEXT)}
+
+    def ev(expr: str, env: dict) -> int:
+        for _ in range(10):  # expand macros
+            expr = re.sub(r"\b([A-Z_]+)\b", lambda m: str(env.get(m.group(1), defs.get(
+                m.group(1), m.group(1)))), expr)
+        return int(eval(expr))  # noqa: S307 - arithmetic on the source's own macros
+
+    for a, r in ((4, 2), (4, 0), (4, 4), (2, 2), (2, 0)):
+        env = dict(A_BITS=a, R_BITS=r, GS=32, TILE=16, D=128)
+        assert ev("STAGE_BYTES", env) == stage_bytes(a, r)
+
+
+VARIANTS = [dict(A_BITS=a, R_BITS=r, GS=gs, GQ=gq, HAS_COEF=coef, MINB=CTAS_PER_SM,
+                 STAGES=STAGES)
+            for a, r, gs, gq, coef in itertools.product((2, 4), (0, 2, 4), (32, 64), (1, 2, 4),
+                                                       (0, 1))
+            if gq * 128 // gs <= 8 and not (coef and r == 0 and a == 2)]
+
+
+@pytest.mark.skipif(cuda.nvrtc_path() is None, reason="libnvrtc not installed")
+@pytest.mark.parametrize("defines", VARIANTS[::5] + [VARIANTS[-1]],
+                         ids=lambda d: "a{A_BITS}r{R_BITS}g{GS}q{GQ}c{HAS_COEF}".format(**d))
+def test_every_requested_variant_compiles(defines):
+    cubin = cuda.compile_nvrtc(TEXT, SOURCE, defines, "sm_90")
+    assert cubin[:4] == b"\x7fELF"
