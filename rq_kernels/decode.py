@@ -1,16 +1,18 @@
 """Launcher of decode attention over the compressed cache: one split kernel per request split,
 then the LSE merge.
 
-Two split kernels serve one signature (`decode_attention`); the launcher picks by shape:
+Three split kernels serve one signature (`decode_attention`); the launcher picks:
 
-* MHA (one query head per KV head): `rq_kernels/triton/decode_fma.py`, CUDA cores: exact fp32
-  codes from one LOP3 + FFMA, K logits as integer ``dp4a`` dots against a 16-bit fixed-point
-  query on loops with a residual, per-tile-row online softmax, a register double buffer;
-* GQA (or an MHA format the former cannot read as whole int32 words):
-  `rq_kernels/triton/decode_mma.py`, tensor cores: PTX magic-number fp16 codes times a
-  block-diagonal query holding every head of the group.
+* ``tc`` wherever it serves the format (`rq_kernels.decode_tc.tc_unsupported_reason`: CUDA with
+  compute capability >= 8.9, head_dim 128, 2/4-bit anchor, 0/2/4-bit residual, group 32/64):
+  `csrc/rq_decode_tc.cu`, CUDA C++ on tensor cores (mma.sync bf16, magic-number unpacking, a
+  cp.async pipeline per warp), after a Triton pre-kernel that rotates the query;
+* else ``fma`` for MHA: `rq_kernels/triton/decode_fma.py`, CUDA cores: exact fp32 codes from one
+  LOP3 + FFMA, K logits as integer ``dp4a`` dots against a 16-bit fixed-point query;
+* else ``mma``: `rq_kernels/triton/decode_mma.py`, Triton on tensor cores: PTX magic-number fp16
+  codes times a block-diagonal query holding every head of the group.
 
-Both write an unnormalised rotated-basis output per split; `rq_decode_merge_kernel` reduces the
+All write an unnormalised rotated-basis output per split; `rq_decode_merge_kernel` reduces the
 splits by log-sum-exp, un-rotates once and adds the in-flight token at full precision. The
 H200 measurements behind the choice and the defaults: docs/kernels.md.
 """
@@ -46,10 +48,11 @@ SPLIT_KERNELS = ("tc", "fma", "mma")
 class DecodeLaunch:
     """Launch overrides of `decode_attention` (None: the H200-sweep default).
 
-    ``split_kernel``: ``"fma"`` or ``"mma"`` (default by shape, see the module docstring);
-    ``num_splits``: splits per request's history (default: fill one wave of the GPU);
+    ``split_kernel``: ``"tc"``, ``"fma"`` or ``"mma"`` (default: see the module docstring);
+    ``num_splits``: splits per request's history (default: fill one wave of the GPU; tc rounds
+    it to a multiple of its 4 warps per CTA);
     ``block_n``: history tokens per tile (fma: 64 on loops with a residual, else 32 or 64 by
-    group count; mma: 32, and at least 32 on CUDA).
+    group count; mma: 32, and at least 32 on CUDA; tc: fixed 16, refused if set).
     """
 
     split_kernel: str | None = None
@@ -144,10 +147,12 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
 
     Note
     ----
-    Two launches: the split kernel ``(num_kv_heads, batch_size, num_splits)`` and the merge
-    kernel ``(num_kv_heads, cdiv(batch_size * group, 16))``; a ``[batch_size, num_qo_heads,
-    num_splits, head_dim_pow2]`` fp32 workspace is allocated per call. CUDA-graph safe once the view is
-    prepared (`rq_kernels.prepare_view`) or after one eager call.
+    Two launches (three for ``tc``: the query rotation first): the split kernel
+    ``(num_kv_heads, batch_size, num_splits)`` (tc: ``cdiv(num_splits, 4)`` CTAs of 4 warps) and
+    the merge kernel ``(num_kv_heads, cdiv(batch_size * group, 16))``; a ``[batch_size,
+    num_qo_heads, num_splits, head_dim_pow2]`` fp32 workspace is allocated per call. CUDA-graph
+    safe once the view is prepared (`rq_kernels.prepare_view`) or after one eager call (which
+    also compiles and loads a tc variant).
     """
     launch = launch or DecodeLaunch()
     B, HQ, D = q.shape
