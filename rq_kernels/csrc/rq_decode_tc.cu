@@ -79,7 +79,7 @@ template <int BITS> __device__ __forceinline__ void unpack_word(uint32_t x, uint
 
 __device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uint32_t a2,
                                          uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm(
+  asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -256,6 +256,21 @@ template <int BYTES> __device__ __forceinline__ Words<BYTES> lds_words(const uin
   return load_words<BYTES>(p);  // generic pointer into shared memory: LDS
 }
 
+// K dots of one loop (anchor or residual) for the tile in shared memory at k (codes of 16 tokens,
+// pitch bytes apart): x = C[tok g | 8 + g][cols 2t, 2t + 1] of A = codes (tokens on M), B = the
+// masked query fragments qf.
+template <int BITS> __device__ __forceinline__ void k_dots(const uint8_t* k, int pitch, int g, int t,
+                                                         const uint32_t (&qf)[8][2], uint32_t magic,
+                                                         float (&x)[4]) {
+  uint32_t u0[16], u1[16];
+  unpack_k<BITS>(lds_words<4 * BITS>(k + g * pitch + t * (4 * BITS)), u0, magic);
+  unpack_k<BITS>(lds_words<4 * BITS>(k + (8 + g) * pitch + t * (4 * BITS)), u1, magic);
+  x[0] = x[1] = x[2] = x[3] = 0.f;
+#pragma unroll
+  for (int s = 0; s < 8; ++s)
+    mma_bf16(x, u0[2 * s], u1[2 * s], u0[2 * s + 1], u1[2 * s + 1], qf[s][0], qf[s][1]);
+}
+
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 rq_decode_tc_split(const Args A) {
   const int lane = threadIdx.x & 31;
@@ -396,37 +411,11 @@ rq_decode_tc_split(const Args A) {
 #endif
 
     // ---- K (tokens on M): X[tok, col] for tokens g, 8 + g and columns 2t, 2t + 1
-    float xa[4] = {0.f, 0.f, 0.f, 0.f};
-    {
-      uint32_t u0[16], u1[16];
-      unpack_k<A_BITS>(lds_words<4 * A_BITS>(stp + g * BA + t * (4 * A_BITS)), u0, magic);
-      unpack_k<A_BITS>(lds_words<4 * A_BITS>(stp + (8 + g) * BA + t * (4 * A_BITS)), u1, magic);
-      float x2[4] = {0.f, 0.f, 0.f, 0.f};  // two accumulation chains: half the MMA latency
-#pragma unroll
-      for (int s = 0; s < 8; s += 2) {
-        mma_bf16(xa, u0[2 * s], u1[2 * s], u0[2 * s + 1], u1[2 * s + 1], qa[s][0], qa[s][1]);
-        mma_bf16(x2, u0[2 * s + 2], u1[2 * s + 2], u0[2 * s + 3], u1[2 * s + 3], qa[s + 1][0],
-                 qa[s + 1][1]);
-      }
-#pragma unroll
-      for (int c = 0; c < 4; ++c) xa[c] += x2[c];
-    }
+    float xa[4];
+    k_dots<A_BITS>(stp, BA, g, t, qa, magic, xa);
 #if R_BITS > 0
-    float xr[4] = {0.f, 0.f, 0.f, 0.f};
-    {
-      uint32_t u0[16], u1[16];
-      unpack_k<R_BITS>(lds_words<4 * R_BITS>(stp + OFF_KR + g * BR + t * (4 * R_BITS)), u0, magic);
-      unpack_k<R_BITS>(lds_words<4 * R_BITS>(stp + OFF_KR + (8 + g) * BR + t * (4 * R_BITS)), u1, magic);
-      float x2[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int s = 0; s < 8; s += 2) {
-        mma_bf16(xr, u0[2 * s], u1[2 * s], u0[2 * s + 1], u1[2 * s + 1], qr[s][0], qr[s][1]);
-        mma_bf16(x2, u0[2 * s + 2], u1[2 * s + 2], u0[2 * s + 3], u1[2 * s + 3], qr[s + 1][0],
-                 qr[s + 1][1]);
-      }
-#pragma unroll
-      for (int c = 0; c < 4; ++c) xr[c] += x2[c];
-    }
+    float xr[4];
+    k_dots<R_BITS>(stp + OFF_KR, BR, g, t, qr, magic, xr);
 #endif
     // ---- logits of head ht for tokens g (j = 0) and 8 + g (j = 1): this thread's two columns,
     // then the head's other columns (NG = 4: the neighbour thread)

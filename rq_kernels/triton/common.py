@@ -186,6 +186,16 @@ def load_scale_offset(base, slot, s_row, n_mask, NG, NGP: tl.constexpr):
 
 
 @triton.jit
+def gqa_rows(batch_rows, GQ: tl.constexpr, BLOCK_M: tl.constexpr):
+    """This program's ``BLOCK_M`` rows ``(request b, query head hq)`` of KV head
+    ``program_id(0)`` for the grid ``(num_kv_heads, cdiv(batch_rows, BLOCK_M))``, ``batch_rows =
+    B * GQ``: returns (hk, rows mask, b, hq)."""
+    hk = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return hk, rows < batch_rows, rows // GQ, hk * GQ + rows % GQ
+
+
+@triton.jit
 def split_range(KvIndptr, b, split, num_splits, BLOCK_N: tl.constexpr):
     """Request ``b``'s history start in ``kv_indices`` and this split's token range ``[lo, hi)``
     (splits are whole tiles of ``BLOCK_N``; trailing splits may be empty)."""

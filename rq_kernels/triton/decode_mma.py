@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from rq_kernels.triton.common import (
-    codes_to_f16, load_rows, load_scale_offset_raw, mma, rotate_rows, split_range,
+    codes_to_f16, gqa_rows, load_rows, load_scale_offset_raw, mma, rotate_rows, split_range,
     split_scale_offset, to_bf16,
 )
 
@@ -171,11 +171,7 @@ def rq_decode_merge_kernel(
     GQ: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, HAS_ROT: tl.constexpr,
     TERMS: tl.constexpr, BLOCK_M: tl.constexpr, INTERP: tl.constexpr,
 ):
-    hk = tl.program_id(0)
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    r_mask = rows < batch_rows
-    b = rows // GQ
-    hq = hk * GQ + rows % GQ
+    hk, r_mask, b, hq = gqa_rows(batch_rows, GQ, BLOCK_M)
     d = tl.arange(0, DP)
     mid = (b * GQ * tl.num_programs(0) + hq) * num_splits  # [BLOCK_M]
     m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)

@@ -3,7 +3,7 @@
 import triton
 import triton.language as tl
 
-from rq_kernels.triton.common import rotate_rows
+from rq_kernels.triton.common import gqa_rows, rotate_rows
 
 
 @triton.jit
@@ -17,11 +17,7 @@ def rq_rotate_query_kernel(
 ):
     """Grid ``(num_kv_heads, cdiv(B * GQ, BLOCK_M))``: rows ``(b, query head of this KV
     head)``; ``Out = q R`` exactly to fp32 (the rotation's bf16 terms on tensor cores)."""
-    hk = tl.program_id(0)
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    r_mask = rows < batch_rows
-    b = rows // GQ
-    hq = hk * GQ + rows % GQ
+    hk, r_mask, b, hq = gqa_rows(batch_rows, GQ, BLOCK_M)
     d = tl.arange(0, DP)
     dm = r_mask[:, None] & (d[None, :] < D)
     q = tl.load(Q + b[:, None] * s_qb + hq[:, None] * s_qh + d[None, :], mask=dm, other=0.0)
