@@ -2,6 +2,9 @@
 
 ``python benchmarks/sass_report.py --triton-site DIR [--out FILE] [--cases ouro,smollm,huginn]``
 
+The CUDA tensor-core decode kernel (`rq_kernels/csrc/rq_decode_tc.cu`) is compiled last, for the
+Ouro case's two loop kinds, with nvcc or NVRTC as at run time (`compile_cuda`).
+
 Step 1 (this process, Triton interpreter): run the real attention launchers
 (`decode_attention` with each split kernel, `extend_attention`; not yet the commit kernel, whose
 per-loop tuple arguments this script does not type) on small CPU views of each case's
@@ -183,6 +186,37 @@ def compile_records(records: list[dict], site: str) -> list[dict]:
     return out
 
 
+def compile_cuda(tools: str) -> list[dict]:
+    """The CUDA tensor-core decode kernel's variants of the default format (Ouro shape, MHA):
+    compiled for sm_90 as `rq_kernels.cuda` would (nvcc, else NVRTC), read with ``cuobjdump``
+    from ``tools``. Codes per thread per loop iteration: 16 tokens x 128 x (K, V) x (anchor,
+    residual) / 32 lanes."""
+    sys.path.insert(0, ROOT)
+    from rq_kernels import cuda
+    from rq_kernels.decode_tc import CTAS_PER_SM, KERNEL, SOURCE, STAGES
+
+    text = (cuda.CSRC / SOURCE).read_text()
+    rows = []
+    for path, r_bits, coef in (("decode residual", 2, 1), ("decode anchor", 0, 0)):
+        defines = dict(A_BITS=4, R_BITS=r_bits, GS=32, GQ=1, HAS_COEF=coef, MINB=CTAS_PER_SM,
+                       STAGES=STAGES)
+        cubin = cuda._compile(text, SOURCE, defines, "sm_90")  # noqa: SLF001 - same cache
+        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+            f.write(cubin)
+        sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", f.name],
+                              capture_output=True, text=True).stdout
+        res = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", f.name],
+                             capture_output=True, text=True).stdout
+        os.unlink(f.name)
+        regs, stack = re.search(r"REG:(\d+)", res), re.search(r"STACK:(\d+)", res)
+        rows.append(dict(case="ouro", path=path, kernel=KERNEL, options=defines,
+                         compiler="nvcc" if cuda.nvcc_path() else "nvrtc",
+                         registers=int(regs.group(1)), stack_bytes=int(stack.group(1)),
+                         codes_per_iter=16 * 128 * 2 * (2 if r_bits else 1) // 32,
+                         **_loop_stats(sass)))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--triton-site", help="directory holding the Triton to compile with")
@@ -207,6 +241,9 @@ def main() -> None:
     os.unlink(f.name)
     with open(a.out) as fh:
         rows = json.load(fh)
+    rows += compile_cuda(os.path.join(a.triton_site, "triton", "backends", "nvidia", "bin"))
+    with open(a.out, "w") as fh:
+        json.dump(rows, fh, indent=1)
     for r in rows:
         if "error" in r:
             print(f"{r['case']:7s} {r['path']:18s} {r['kernel']}: ERROR {r['error'][:120]}")
