@@ -5,7 +5,7 @@ The compiler is ``nvcc -cubin`` when the CUDA toolkit is installed (12.x/13.x; t
 13.0 built every measured cubin), else NVRTC: ``libnvrtc`` from the ``nvidia-cuda-nvrtc`` wheel
 that CUDA builds of PyTorch install, so a runtime-only image needs nothing extra. No host
 compiler, pybind11 or ninja is involved. A compiled variant is cached under
-``$SGLANG_RQ_CUDA_CACHE`` (default ``~/.cache/sglang-rq/cuda``), keyed by the source text, the
+``$XDG_CACHE_HOME/rq_kernels`` (default ``~/.cache``), keyed by the source text, the
 defines and the GPU architecture, so later processes (SGLang's TP workers, restarts) only load it.
 
 Launches go to the current PyTorch stream, so they are captured by CUDA graphs. Compiling and
@@ -39,8 +39,9 @@ def nvcc_path() -> str | None:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SGLANG_RQ_CUDA_CACHE",
-                               Path.home() / ".cache" / "sglang-rq" / "cuda"))
+    """Where cubins are cached: ``$XDG_CACHE_HOME/rq_kernels`` (default ``~/.cache``), next to
+    the CPU library's builds (`rq_kernels.cpu_attention`)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rq_kernels"
 
 
 def arch_of(device: torch.device) -> str:
