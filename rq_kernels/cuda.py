@@ -71,41 +71,46 @@ def nvrtc_path() -> str | None:
     return ctypes.util.find_library("nvrtc")
 
 
-def compiled_or_compilable(source: str, defines: dict[str, int], device: torch.device
-                           ) -> str | None:
-    """Why ``source`` with ``defines`` cannot be loaded on ``device`` (None if it can: cached, or
-    nvcc or NVRTC is available to compile it)."""
-    src = CSRC / source
-    if not src.is_file():
-        return f"{src} is missing (a wheel built without rq_kernels/csrc/*.cu)"
-    path = _cubin_path(src.read_text(), defines, arch_of(device))
-    if path.is_file() or nvcc_path() is not None or nvrtc_path() is not None:
-        return None
-    return ("neither nvcc nor libnvrtc found (install the CUDA toolkit or the nvidia-cuda-nvrtc "
-            "wheel)")
+def load_reason(source: str, name: str, defines: dict[str, int], device: torch.device, *,
+                shared_bytes: int = 0) -> str | None:
+    """Why kernel ``name`` of ``csrc/source`` with ``defines`` cannot be loaded on ``device``
+    (None if it can). Compiles and loads it (`function`), so a missing or failing compiler or a
+    refused module becomes a reason the launcher can fall back on, not an error at the first
+    forward."""
+    if not (CSRC / source).is_file():
+        return f"{CSRC / source} is missing (a wheel built without rq_kernels/csrc/*.cu)"
+    try:
+        function(source, name, defines, device, shared_bytes=shared_bytes)
+    except (RuntimeError, OSError) as exc:
+        return str(exc).splitlines()[0][:300]
+    return None
 
 
 def _compile(text: str, source: str, defines: dict[str, int], arch: str) -> bytes:
+    """The cubin of ``text`` for ``arch``: from the cache, else nvcc, else (nvcc missing or
+    failing, e.g. too old for ``arch``) NVRTC. Raises RuntimeError naming both failures."""
     path = _cubin_path(text, defines, arch)
     if path.is_file():
         return path.read_bytes()
     path.parent.mkdir(parents=True, exist_ok=True)
-    nvcc = nvcc_path()
-    if nvcc is None:
-        cubin = compile_nvrtc(text, source, defines, arch)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(cubin)
-        os.replace(tmp, path)
-        return cubin
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "-use_fast_math", "-std=c++17",
-           *(f"-D{k}={v}" for k, v in sorted(defines.items())), "-o", str(tmp),
-           str(CSRC / source)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"nvcc failed on {source} ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
-    os.replace(tmp, path)  # atomic: concurrent processes compiling the same variant
-    return path.read_bytes()
+    nvcc, nvcc_error = nvcc_path(), "nvcc not found"
+    if nvcc is not None:
+        cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "-use_fast_math", "-std=c++17",
+               *(f"-D{k}={v}" for k, v in sorted(defines.items())), "-o", str(tmp),
+               str(CSRC / source)]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode == 0:
+            os.replace(tmp, path)  # atomic: concurrent processes compiling the same variant
+            return path.read_bytes()
+        nvcc_error = f"nvcc failed ({' '.join(cmd)}): {res.stderr.strip()[-2000:]}"
+    try:
+        cubin = compile_nvrtc(text, source, defines, arch)
+    except RuntimeError as exc:
+        raise RuntimeError(f"cannot compile {source}: {nvcc_error}; {exc}") from exc
+    tmp.write_bytes(cubin)
+    os.replace(tmp, path)
+    return cubin
 
 
 def compile_nvrtc(text: str, source: str, defines: dict[str, int], arch: str) -> bytes:

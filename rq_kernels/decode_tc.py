@@ -75,7 +75,8 @@ def _tc_unsupported_reason(view: CompressedLayerView, loop_id: int, group: int,
     ``group`` query heads per KV head on ``device`` (None if it can): a fused format, CUDA with
     compute capability >= 8.9 (FP8 conversions), head_dim 128, 2- or 4-bit anchor, 0/2/4-bit
     residual, group_size 32/64 with ``group * 128 / group_size <= 8``, code slices aligned
-    for vector loads, and nvcc (or a cached build)."""
+    for vector loads, and the variant compiled and loaded (`rq_kernels.cuda.load_reason`: the
+    compile happens here, once)."""
     why = unsupported_reason(view)
     if why is not None:
         return why
@@ -104,7 +105,9 @@ def _tc_unsupported_reason(view: CompressedLayerView, loop_id: int, group: int,
     for t in (aso, rso):  # (scale, offset) byte pairs are read as one 16-bit word
         if t is not None and (t.data_ptr() % 2 or any(s % 2 for s in t.stride()[:-2])):
             return "scale_offset pairs not 2-byte aligned"
-    return cuda.compiled_or_compilable(SOURCE, _defines(view, loop_id, group), device)
+    defines = _defines(view, loop_id, group)
+    smem = WARPS * STAGES * stage_bytes(defines["A_BITS"], defines["R_BITS"])
+    return cuda.load_reason(SOURCE, KERNEL, defines, device, shared_bytes=smem)
 
 
 def _defines(view: CompressedLayerView, loop_id: int, group: int) -> dict[str, int]:

@@ -69,3 +69,31 @@ VARIANTS = [dict(A_BITS=a, R_BITS=r, GS=gs, GQ=gq, HAS_COEF=coef, MINB=CTAS_PER_
 def test_every_requested_variant_compiles(defines):
     cubin = cuda.compile_nvrtc(TEXT, SOURCE, defines, "sm_90")
     assert cubin[:4] == b"\x7fELF"
+
+
+@pytest.mark.skipif(cuda.nvrtc_path() is None, reason="libnvrtc not installed")
+def test_a_failing_nvcc_falls_back_to_nvrtc_and_the_cubin_is_cached(tmp_path, monkeypatch):
+    """An nvcc that cannot build the kernel (e.g. too old for the GPU) is not fatal: NVRTC builds
+    it; the second request reads the cache."""
+    fake = tmp_path / "cuda" / "bin" / "nvcc"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("#!/bin/sh\necho 'nvcc fatal : Unsupported gpu architecture' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert cuda.nvcc_path() == str(fake)
+    cubin = cuda._compile(TEXT, SOURCE, VARIANTS[0], "sm_90")  # noqa: SLF001
+    assert cubin[:4] == b"\x7fELF"
+    assert len(list((tmp_path / "cache" / "rq_kernels").glob("*.cubin"))) == 1
+    monkeypatch.setattr(cuda, "compile_nvrtc", None)  # a cache hit compiles nothing
+    assert cuda._compile(TEXT, SOURCE, VARIANTS[0], "sm_90") == cubin  # noqa: SLF001
+
+
+def test_no_working_compiler_is_an_error_naming_both(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))  # no bin/nvcc here
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(cuda, "nvcc_path", lambda: None)
+    monkeypatch.setattr(cuda, "nvrtc_path", lambda: None)
+    with pytest.raises(RuntimeError, match="nvcc not found; compiling rq_decode_tc.cu needs"):
+        cuda._compile(TEXT, SOURCE, VARIANTS[0], "sm_90")  # noqa: SLF001
