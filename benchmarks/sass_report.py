@@ -147,6 +147,20 @@ def _loop_stats(sass: str) -> dict:
                 loop_ops=dict(loop.most_common(25)))
 
 
+def _cubin_stats(cubin: bytes, tools: str) -> dict:
+    """Registers, spill stack and `_loop_stats` of a cubin, read with ``cuobjdump`` in ``tools``."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", f.name],
+                          capture_output=True, text=True).stdout
+    res = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", f.name],
+                         capture_output=True, text=True).stdout
+    os.unlink(f.name)
+    regs, stack = re.search(r"REG:(\d+)", res), re.search(r"STACK:(\d+)", res)
+    return dict(registers=int(regs.group(1)) if regs else None,
+                stack_bytes=int(stack.group(1)) if stack else None, **_loop_stats(sass))
+
+
 def compile_records(records: list[dict], site: str) -> list[dict]:
     """Child-process side: compile each record with the Triton in ``site`` for sm_90."""
     sys.path.insert(0, site)
@@ -170,16 +184,7 @@ def compile_records(records: list[dict], site: str) -> list[dict]:
                    triton=triton.__version__)
         try:
             k = triton.compile(src, target=GPUTarget("cuda", 90, 128), options=opts)
-            with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-                f.write(k.asm["cubin"])
-            sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", f.name],
-                                  capture_output=True, text=True).stdout
-            res = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", f.name],
-                                 capture_output=True, text=True).stdout
-            os.unlink(f.name)
-            regs, stack = re.search(r"REG:(\d+)", res), re.search(r"STACK:(\d+)", res)
-            row.update(registers=int(regs.group(1)) if regs else None,
-                       stack_bytes=int(stack.group(1)) if stack else None, **_loop_stats(sass))
+            row.update(_cubin_stats(k.asm["cubin"], tools))
         except Exception as e:  # noqa: BLE001 - one kernel failing to compile is a finding
             row["error"] = repr(e)[:500]
         out.append(row)
@@ -201,19 +206,10 @@ def compile_cuda(tools: str) -> list[dict]:
         defines = dict(A_BITS=4, R_BITS=r_bits, GS=32, GQ=1, HAS_COEF=coef, MINB=CTAS_PER_SM,
                        STAGES=STAGES)
         cubin = cuda._compile(text, SOURCE, defines, "sm_90")  # noqa: SLF001 - same cache
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(cubin)
-        sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", f.name],
-                              capture_output=True, text=True).stdout
-        res = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", f.name],
-                             capture_output=True, text=True).stdout
-        os.unlink(f.name)
-        regs, stack = re.search(r"REG:(\d+)", res), re.search(r"STACK:(\d+)", res)
         rows.append(dict(case="ouro", path=path, kernel=KERNEL, options=defines,
                          compiler="nvcc" if cuda.nvcc_path() else "nvrtc",
-                         registers=int(regs.group(1)), stack_bytes=int(stack.group(1)),
                          codes_per_iter=16 * 128 * 2 * (2 if r_bits else 1) // 32,
-                         **_loop_stats(sass)))
+                         **_cubin_stats(cubin, tools)))
     return rows
 
 

@@ -197,7 +197,8 @@ def function(source: str, name: str, defines: dict[str, int], device: torch.devi
     ``device`` (compiled on first use, then cached on disk and in this process), allowed
     ``shared_bytes`` of dynamic shared memory per CTA.
 
-    Raises RuntimeError if nvcc is missing or fails, or the driver refuses the module."""
+    Raises RuntimeError if neither nvcc nor NVRTC builds it (`_compile`), or the driver refuses
+    the module."""
     global _DRIVER
     index = device.index if device.index is not None else torch.cuda.current_device()
     key = (source, name, tuple(sorted(defines.items())), index, shared_bytes)

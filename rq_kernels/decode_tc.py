@@ -105,15 +105,17 @@ def _tc_unsupported_reason(view: CompressedLayerView, loop_id: int, group: int,
     for t in (aso, rso):  # (scale, offset) byte pairs are read as one 16-bit word
         if t is not None and (t.data_ptr() % 2 or any(s % 2 for s in t.stride()[:-2])):
             return "scale_offset pairs not 2-byte aligned"
-    defines = _defines(view, loop_id, group)
-    smem = WARPS * STAGES * stage_bytes(defines["A_BITS"], defines["R_BITS"])
+    defines, smem = _variant(view, loop_id, group)
     return cuda.load_reason(SOURCE, KERNEL, defines, device, shared_bytes=smem)
 
 
-def _defines(view: CompressedLayerView, loop_id: int, group: int) -> dict[str, int]:
+def _variant(view: CompressedLayerView, loop_id: int, group: int) -> tuple[dict[str, int], int]:
+    """The compile-time defines of the kernel serving ``loop_id`` and its dynamic shared memory
+    per CTA (bytes)."""
     _, _, _, _, cf, a_bits, r_bits = _loop_tensors(view, loop_id)
-    return dict(A_BITS=a_bits, R_BITS=r_bits, GS=view.cfg.group_size, GQ=group,
-                HAS_COEF=int(cf is not None), MINB=CTAS_PER_SM, STAGES=STAGES)
+    defines = dict(A_BITS=a_bits, R_BITS=r_bits, GS=view.cfg.group_size, GQ=group,
+                   HAS_COEF=int(cf is not None), MINB=CTAS_PER_SM, STAGES=STAGES)
+    return defines, WARPS * STAGES * stage_bytes(a_bits, r_bits)
 
 
 def tc_split(q_rot: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
@@ -126,8 +128,7 @@ def tc_split(q_rot: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Ten
     dev = q_rot.device
     group = HQ // num_kv_heads
     ac, aso, rc, rso, cf, _, _ = _loop_tensors(view, loop_id)
-    defines = _defines(view, loop_id, group)
-    smem = WARPS * STAGES * stage_bytes(defines["A_BITS"], defines["R_BITS"])
+    defines, smem = _variant(view, loop_id, group)
     fn = cuda.function(SOURCE, KERNEL, defines, dev, shared_bytes=smem)
     mid_o = torch.empty(B, HQ, num_splits, D, dtype=torch.float32, device=dev)
     mid_ml = torch.empty(B, HQ, num_splits, 2, dtype=torch.float32, device=dev)
