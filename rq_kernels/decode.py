@@ -32,7 +32,6 @@ from rq_kernels._host import (
 )
 from rq_kernels.decode_tc import SPLITS_PER_SM, tc_split, tc_unsupported_reason
 from rq_kernels.decode_tc import TILE as TC_TILE
-from rq_kernels.decode_tc import WARPS as TC_WARPS
 from rq_kernels.triton.decode_fma import rq_decode_fma_split_kernel
 from rq_kernels.triton.decode_mma import rq_decode_merge_kernel, rq_decode_mma_split_kernel
 from rq_kernels.triton.query import rq_rotate_query_kernel
@@ -42,6 +41,7 @@ if TYPE_CHECKING:
 
 LOG2E = 1.4426950408889634
 SPLIT_KERNELS = ("tc", "fma", "mma")
+MERGE_TILE = 128  # (row, split) pairs the merge kernel loads per iteration
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,7 @@ class DecodeLaunch:
     """Launch overrides of `decode_attention` (None: the H200-sweep default).
 
     ``split_kernel``: ``"tc"``, ``"fma"`` or ``"mma"`` (default: see the module docstring);
-    ``num_splits``: splits per request's history (default: fill one wave of the GPU; tc rounds
-    it to a multiple of its 4 warps per CTA);
+    ``num_splits``: splits per request's history (default: fill one wave of the GPU);
     ``block_n``: history tokens per tile (fma: 64 on loops with a residual, else 32 or 64 by
     group count; mma: 32, and at least 32 on CUDA; tc: fixed 16, refused if set).
     """
@@ -148,7 +147,8 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     Note
     ----
     Two launches (three for ``tc``: the query rotation first): the split kernel
-    ``(num_kv_heads, batch_size, num_splits)`` (tc: ``cdiv(num_splits, 4)`` CTAs of 4 warps) and
+    ``(num_kv_heads, batch_size, num_splits)`` (tc: ``(cdiv(num_splits * num_kv_heads, 4),
+    batch_size)`` CTAs of 4 warps) and
     the merge kernel ``(num_kv_heads, cdiv(batch_size * group, 16))``; a ``[batch_size,
     num_qo_heads, num_splits, head_dim_pow2]`` fp32 workspace is allocated per call. CUDA-graph
     safe once the view is prepared (`rq_kernels.prepare_view`) or after one eager call (which
@@ -191,9 +191,6 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
             HAS_ROT=has_rot, TERMS=nterms, BLOCK_M=16, INTERP=interp, num_warps=4)
         splits = launch.num_splits or choose_num_splits(
             B, HKV, kv_indices.numel(), dev, block_n=TC_TILE, programs_per_sm=SPLITS_PER_SM)
-        # one split per warp: a multiple of the warps per CTA (no idle warps), rounded down
-        # so that the CTAs still fit one wave
-        splits = max(TC_WARPS, splits // TC_WARPS * TC_WARPS)
         mid_o, mid_ml = tc_split(q_rot, kv_indptr, kv_indices, view, loop_id, HKV, qk_scale,
                                  splits)
     elif kernel == "fma":
@@ -215,13 +212,16 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
             q, q.stride(0), q.stride(1), kv_indptr, kv_indices, *args, *rot, mid_o, mid_ml,
             qk_scale, splits, GQ=gq, GQV=gqv, HAS_ROT=has_rot, TERMS=nterms, BLOCK_N=block_n,
             INTERP=interp, FAST=not interp, num_warps=1, num_stages=3, **c)
-    block_m = 16
+    # merge: few rows (small batch) take many splits per iteration, [rows, splits, DP] <= 16K
+    block_m = min(16, next_pow2(B * gq))
+    per_iter = MERGE_TILE // block_m
+    reps = 16 // block_m if has_rot else 1
     rq_decode_merge_kernel[(HKV, cdiv(B * gq, block_m))](
         q, q.stride(0), q.stride(1), k_cur, k_cur.stride(0), k_cur.stride(1),
         v_cur, v_cur.stride(0), v_cur.stride(1), mid_o, mid_ml, *rot,
         out, out.stride(0), out.stride(1), B * gq, qk_scale, splits,
-        GQ=gq, D=D, DP=dp, HAS_ROT=has_rot, TERMS=nterms, BLOCK_M=block_m, INTERP=interp,
-        num_warps=4)
+        GQ=gq, D=D, DP=dp, HAS_ROT=has_rot, TERMS=nterms, BLOCK_M=block_m,
+        SPLITS_PER_ITER=per_iter, ROW_REPS=reps, INTERP=interp, num_warps=8)
     return out
 
 

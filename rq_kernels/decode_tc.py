@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 SOURCE = "rq_decode_tc.cu"
 KERNEL = "rq_decode_tc_split"
 HEAD_DIM = 128
-WARPS = 4  # splits per CTA (one warp each)
+WARPS = 4  # (split, KV head) units per CTA (one warp each)
 TILE = 16  # history tokens per warp iteration
 STAGES = 3  # tiles in flight per warp (cp.async pipeline)
 CTAS_PER_SM = 2  # what the kernel's registers allow (__launch_bounds__ MINB)
@@ -123,7 +123,8 @@ def tc_split(q_rot: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Ten
              num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the split kernel: ``q_rot`` ``[B, Hq, 128]`` fp32 (rotated basis, contiguous) ->
     (MidO ``[B, Hq, S, 128]`` fp32 unnormalised, MidML ``[B, Hq, S, 2]`` fp32 (max in log2
-    units, sum)). Grid ``(num_kv_heads, B, cdiv(S, 4))`` CTAs of 4 warps, one split per warp."""
+    units, sum)). Grid ``(cdiv(S * num_kv_heads, 4), B)`` CTAs of 4 warps, one (split, KV
+    head) per warp, KV head fastest."""
     B, HQ, D = q_rot.shape
     dev = q_rot.device
     group = HQ // num_kv_heads
@@ -142,6 +143,6 @@ def tc_split(q_rot: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Ten
                  *parts(ac), *parts(aso), *parts(rc if rc is not None else ac),
                  *parts(rso if rso is not None else aso), *parts(cf),
                  mid_o.data_ptr(), mid_ml.data_ptr(), qk_scale, num_splits, HQ)
-    grid = (num_kv_heads, B, (num_splits + WARPS - 1) // WARPS)
+    grid = ((num_splits * num_kv_heads + WARPS - 1) // WARPS, B, 1)
     cuda.launch(fn, grid, WARPS * 32, args, dev, shared_bytes=smem)
     return mid_o, mid_ml

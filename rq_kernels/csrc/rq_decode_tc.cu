@@ -1,6 +1,7 @@
 // Decode attention over the ResidualQuant cache on tensor cores: the split kernel.
 //
-// One warp handles one (KV head, request, split); four warps per CTA are four splits. Each
+// One warp handles one (KV head, request, split); the four warps of a CTA are adjacent
+// (split, KV head) units of one request, KV head fastest (they share small reads in L1). Each
 // 16-token tile of the history runs two MMA phases (mma.sync m16n8k16, bf16 in, fp32 out):
 //
 //   K:  C_k[row, tok] = sum_k Qmask[row, k] * code[tok, k]      rows = (head, group) of the
@@ -277,9 +278,13 @@ rq_decode_tc_split(const Args A) {
   const int warp = threadIdx.x >> 5;
   const uint32_t magic = 0x43004300u;  // bf16x2 (128, 128); a register operand of the LOP3s
   const int g = lane >> 2, t = lane & 3;
-  const int hk = blockIdx.x, b = blockIdx.y;
-  const int split = blockIdx.z * WARPS + warp;
-  if (split >= A.num_splits) return;
+  // this warp's (split, KV head) of request b, KV head fastest: the CTA's warps are adjacent KV
+  // heads of one split, so the small per-token reads they share ((scale, offset) and
+  // coefficient sectors, the pool slots) come from L1 after the first warp's miss
+  const int num_kv_heads = A.num_qo_heads / GQ;
+  const int unit = blockIdx.x * WARPS + warp;
+  if (unit >= A.num_splits * num_kv_heads) return;
+  const int hk = unit % num_kv_heads, split = unit / num_kv_heads, b = blockIdx.y;
   const int64_t base = A.kv_indptr[b];
   const int seq = A.kv_indptr[b + 1] - (int)base;
   const int per_split = ((seq + A.num_splits - 1) / A.num_splits + TILE - 1) / TILE * TILE;

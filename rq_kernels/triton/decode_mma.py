@@ -169,26 +169,47 @@ def rq_decode_merge_kernel(
     Out, s_ob, s_oh,  # [B, Hq, D]
     batch_rows, qk_scale, num_splits,  # batch_rows = B * GQ
     GQ: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, HAS_ROT: tl.constexpr,
-    TERMS: tl.constexpr, BLOCK_M: tl.constexpr, INTERP: tl.constexpr,
+    TERMS: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS_PER_ITER: tl.constexpr,
+    ROW_REPS: tl.constexpr, INTERP: tl.constexpr,
 ):
+    """Grid ``(num_kv_heads, cdiv(batch_rows, BLOCK_M))``. Each iteration loads SPLITS_PER_ITER
+    splits of the program's BLOCK_M rows at once (a loop of one split per iteration paid one
+    dependent L2 round trip per split: ~30 us at 64 splits on the H200); small batches take few
+    rows and many splits per iteration. The un-rotation runs on tensor cores over at least 16
+    rows: BLOCK_M < 16 rows are repeated ROW_REPS times (the copies are not stored)."""
     hk, r_mask, b, hq = gqa_rows(batch_rows, GQ, BLOCK_M)
     d = tl.arange(0, DP)
     mid = (b * GQ * tl.num_programs(0) + hq) * num_splits  # [BLOCK_M]
     m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_run = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, DP], tl.float32)
-    for s in range(num_splits):
-        m_s = tl.load(MidML + (mid + s) * 2, mask=r_mask, other=float("-inf"))
-        l_s = tl.load(MidML + (mid + s) * 2 + 1, mask=r_mask, other=0.0)
-        o_s = tl.load(MidO + (mid + s)[:, None] * DP + d[None, :], mask=r_mask[:, None],
-                      other=0.0)
-        m_new = tl.maximum(m_run, m_s)
+    sb = tl.arange(0, SPLITS_PER_ITER)
+    for s0 in range(0, num_splits, SPLITS_PER_ITER):
+        s_mask = r_mask[:, None] & (s0 + sb[None, :] < num_splits)  # [BLOCK_M, SB]
+        row = mid[:, None] + s0 + sb[None, :]
+        m_s = tl.load(MidML + row * 2, mask=s_mask, other=float("-inf"))
+        l_s = tl.load(MidML + row * 2 + 1, mask=s_mask, other=0.0)
+        o_s = tl.load(MidO + row[:, :, None] * DP + d[None, None, :], mask=s_mask[:, :, None],
+                      other=0.0)  # [BLOCK_M, SB, DP]
+        m_new = tl.maximum(m_run, tl.max(m_s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         a_old = tl.exp2(m_run - m_safe)
-        a_new = tl.exp2(m_s - m_safe)
-        acc = acc * a_old[:, None] + o_s * a_new[:, None]
-        l_run = l_run * a_old + l_s * a_new
+        a_new = tl.exp2(m_s - m_safe[:, None])  # [BLOCK_M, SB]; 0 for empty splits
+        acc = acc * a_old[:, None] + tl.sum(o_s * a_new[:, :, None], axis=1)
+        l_run = l_run * a_old + tl.sum(l_s * a_new, axis=1)
         m_run = m_new
+    if ROW_REPS > 1:  # rows r and r + k * BLOCK_M are the same row
+        acc = tl.reshape(tl.broadcast_to(acc[None, :, :], [ROW_REPS, BLOCK_M, DP]),
+                         [ROW_REPS * BLOCK_M, DP])
+        m_run = tl.reshape(tl.broadcast_to(m_run[None, :], [ROW_REPS, BLOCK_M]),
+                           [ROW_REPS * BLOCK_M])
+        l_run = tl.reshape(tl.broadcast_to(l_run[None, :], [ROW_REPS, BLOCK_M]),
+                           [ROW_REPS * BLOCK_M])
+        er = tl.arange(0, ROW_REPS * BLOCK_M)
+        rows = tl.program_id(1) * BLOCK_M + er % BLOCK_M
+        r_mask = (er < BLOCK_M) & (rows < batch_rows)
+        b = rows // GQ
+        hq = hk * GQ + rows % GQ
     if HAS_ROT:  # back to the original basis: acc R^T
         acc = rotate_rows(acc, Rot + hk * s_rhead, s_rterm, s_rrow, TERMS, True, True, DP,
                           INTERP) * alpha
