@@ -23,8 +23,11 @@ KERNEL = "rq_decode_tc_split"
 HEAD_DIM = 128
 WARPS = 4  # (split, KV head) units per CTA (one warp each)
 TILE = 16  # history tokens per warp iteration
-STAGES = 3  # tiles in flight per warp (cp.async pipeline)
-CTAS_PER_SM = 2  # what the kernel's registers allow (__launch_bounds__ MINB)
+STAGES = 2  # tiles in flight per warp (cp.async pipeline)
+CTAS_PER_SM = 3  # __launch_bounds__ MINB: 168 registers, no spills
+# (4, 3, 2) beat (4, 2, 3) by 4-8 % at batch 2-16 on the H200 (64 x 8k: 4 % slower; one split
+# per (request, head) fills only 2 CTAs per SM there): benchmarks/results/
+# h200_2026-12-01c_tc_occupancy_ab.json
 SPLITS_PER_SM = WARPS * CTAS_PER_SM
 
 
@@ -114,7 +117,8 @@ def _variant(view: CompressedLayerView, loop_id: int, group: int) -> tuple[dict[
     per CTA (bytes)."""
     _, _, _, _, cf, a_bits, r_bits = _loop_tensors(view, loop_id)
     defines = dict(A_BITS=a_bits, R_BITS=r_bits, GS=view.cfg.group_size, GQ=group,
-                   HAS_COEF=int(cf is not None), MINB=CTAS_PER_SM, STAGES=STAGES)
+                   HAS_COEF=int(cf is not None), WARPS=WARPS, MINB=CTAS_PER_SM,
+                   STAGES=STAGES)
     return defines, WARPS * STAGES * stage_bytes(a_bits, r_bits)
 
 

@@ -42,7 +42,6 @@ typedef long long int64_t;
 
 #define D 128
 #define TILE 16
-#define WARPS 4
 #define NG (D / GS)
 #define ROWS (GQ * NG)
 
@@ -185,8 +184,8 @@ struct Args {
 #define OFF_SO (2 * TILE * (BA + BR))
 #define OFF_SLOT (OFF_SO + 4 * TILE * 8)
 #define STAGE_BYTES (OFF_SLOT + TILE * 8)
-// STAGES (tiles in flight per warp) and MINB (CTAs per SM, __launch_bounds__) come from the
-// launcher, which passes WARPS * STAGES * STAGE_BYTES of dynamic shared memory.
+// WARPS (per CTA), STAGES (tiles in flight per warp) and MINB (CTAs per SM, __launch_bounds__)
+// come from the launcher, which passes WARPS * STAGES * STAGE_BYTES of dynamic shared memory.
 static_assert(SB >= 4, "cp.async copies at least 4 bytes");
 
 template <int BYTES> __device__ __forceinline__ void cp_async_n(uint32_t dst, const void* src) {

@@ -12,7 +12,7 @@ import re
 import pytest
 
 from rq_kernels import cuda
-from rq_kernels.decode_tc import SOURCE, STAGES, CTAS_PER_SM, _Args, stage_bytes
+from rq_kernels.decode_tc import SOURCE, STAGES, CTAS_PER_SM, WARPS, _Args, stage_bytes
 
 TEXT = (cuda.CSRC / SOURCE).read_text()
 
@@ -56,8 +56,8 @@ def test_stage_bytes_mirror_matches_the_cuda_source():
         assert ev("STAGE_BYTES", env) == stage_bytes(a, r)
 
 
-VARIANTS = [dict(A_BITS=a, R_BITS=r, GS=gs, GQ=gq, HAS_COEF=coef, MINB=CTAS_PER_SM,
-                 STAGES=STAGES)
+VARIANTS = [dict(A_BITS=a, R_BITS=r, GS=gs, GQ=gq, HAS_COEF=coef, WARPS=WARPS,
+                 MINB=CTAS_PER_SM, STAGES=STAGES)
             for a, r, gs, gq, coef in itertools.product((2, 4), (0, 2, 4), (32, 64), (1, 2, 4),
                                                        (0, 1))
             if gq * 128 // gs <= 8 and not (coef and r == 0 and a == 2)]
