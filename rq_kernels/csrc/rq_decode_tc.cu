@@ -411,6 +411,7 @@ rq_decode_tc_split(const Args A) {
       pslot = nt + 1 < ntiles ? tile_slot(A, base, lo + (nt + 1) * TILE, hi, lane) : 0;
     }
 #if HAS_COEF
+    __syncwarp();  // with 2 stages the pool slots of tile it + 1 were stored just above
     if (it + 1 < ntiles) load_coef(wsm + ((it + 1) % STAGES) * STAGE_BYTES);
 #endif
 
