@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
 import os
 import re
@@ -198,13 +199,14 @@ def compile_cuda(tools: str) -> list[dict]:
     residual) / 32 lanes."""
     sys.path.insert(0, ROOT)
     from rq_kernels import cuda
-    from rq_kernels.decode_tc import CTAS_PER_SM, KERNEL, SOURCE, STAGES
+    from rq_kernels.decode_tc import KERNEL, OCCUPANCY, SOURCE, WARPS
 
     text = (cuda.CSRC / SOURCE).read_text()
     rows = []
-    for path, r_bits, coef in (("decode residual", 2, 1), ("decode anchor", 0, 0)):
-        defines = dict(A_BITS=4, R_BITS=r_bits, GS=32, GQ=1, HAS_COEF=coef, MINB=CTAS_PER_SM,
-                       STAGES=STAGES)
+    for (path, r_bits, coef), (minb, stages) in itertools.product(
+            (("decode residual", 2, 1), ("decode anchor", 0, 0)), OCCUPANCY):
+        defines = dict(A_BITS=4, R_BITS=r_bits, GS=32, GQ=1, HAS_COEF=coef, WARPS=WARPS,
+                       MINB=minb, STAGES=stages)
         cubin = cuda._compile(text, SOURCE, defines, "sm_90")  # noqa: SLF001 - same cache
         rows.append(dict(case="ouro", path=path, kernel=KERNEL, options=defines,
                          compiler="nvcc" if cuda.nvcc_path() else "nvrtc",

@@ -30,7 +30,8 @@ from rq_kernels._host import (
     attention_loop_args, cdiv, check_decode_args, interpreting, next_pow2, require_kernel,
     rotation_terms, strides3, unsupported_reason,
 )
-from rq_kernels.decode_tc import SPLITS_PER_SM, tc_split, tc_unsupported_reason
+from rq_kernels.decode_tc import WARPS as TC_WARPS
+from rq_kernels.decode_tc import tc_occupancy, tc_split, tc_unsupported_reason
 from rq_kernels.decode_tc import TILE as TC_TILE
 from rq_kernels.triton.decode_fma import rq_decode_fma_split_kernel
 from rq_kernels.triton.decode_mma import rq_decode_merge_kernel, rq_decode_mma_split_kernel
@@ -189,10 +190,12 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
         rq_rotate_query_kernel[(HKV, cdiv(B * gq, 16))](
             q, q.stride(0), q.stride(1), *rot, q_rot, B * gq, GQ=gq, D=D, DP=dp,
             HAS_ROT=has_rot, TERMS=nterms, BLOCK_M=16, INTERP=interp, num_warps=4)
+        occupancy = tc_occupancy(B * HKV, _num_sms(dev.index or 0))
         splits = launch.num_splits or choose_num_splits(
-            B, HKV, kv_indices.numel(), dev, block_n=TC_TILE, programs_per_sm=SPLITS_PER_SM)
+            B, HKV, kv_indices.numel(), dev, block_n=TC_TILE,
+            programs_per_sm=TC_WARPS * occupancy[0])
         mid_o, mid_ml = tc_split(q_rot, kv_indptr, kv_indices, view, loop_id, HKV, qk_scale,
-                                 splits)
+                                 splits, occupancy)
     elif kernel == "fma":
         mid_o, mid_ml, splits = _fma_split(q, kv_indptr, kv_indices, view, loop_id, args, c,
                                            rot, nterms, has_rot, qk_scale, launch, interp)

@@ -23,12 +23,18 @@ KERNEL = "rq_decode_tc_split"
 HEAD_DIM = 128
 WARPS = 4  # (split, KV head) units per CTA (one warp each)
 TILE = 16  # history tokens per warp iteration
-STAGES = 2  # tiles in flight per warp (cp.async pipeline)
-CTAS_PER_SM = 3  # __launch_bounds__ MINB: 168 registers, no spills
-# (4, 3, 2) beat (4, 2, 3) by 4-8 % at batch 2-16 on the H200 (64 x 8k: 4 % slower; one split
-# per (request, head) fills only 2 CTAs per SM there): benchmarks/results/
-# h200_2026-12-01c_tc_occupancy_ab.json
-SPLITS_PER_SM = WARPS * CTAS_PER_SM
+# Occupancy shapes, (CTAs per SM = __launch_bounds__ MINB, tiles in flight per warp): 3 CTAs of
+# 2 stages (168 registers) beat 2 CTAs of 3 stages (189 registers) by 4-8 % at batch 2-16 on the
+# H200, and lost 4-10 % where one split per (request, KV head) already fills 2 CTAs per SM
+# (64 x 8k; 55 x 16k): benchmarks/results/h200_2026-12-01c_tc_occupancy_ab.json.
+OCCUPANCY = ((3, 2), (2, 3))
+
+
+def tc_occupancy(units: int, num_sms: int) -> tuple[int, int]:
+    """(CTAs per SM, stages) for ``units`` (request, KV head) pairs on ``num_sms`` SMs: 3 CTAs of
+    2 stages while that leaves at least two splits per unit in one wave, else 2 CTAs of 3."""
+    three, two = OCCUPANCY
+    return three if WARPS * three[0] * num_sms >= 2 * units else two
 
 
 def stage_bytes(anchor_bits: int, residual_bits: int) -> int:
@@ -108,24 +114,30 @@ def _tc_unsupported_reason(view: CompressedLayerView, loop_id: int, group: int,
     for t in (aso, rso):  # (scale, offset) byte pairs are read as one 16-bit word
         if t is not None and (t.data_ptr() % 2 or any(s % 2 for s in t.stride()[:-2])):
             return "scale_offset pairs not 2-byte aligned"
-    defines, smem = _variant(view, loop_id, group)
-    return cuda.load_reason(SOURCE, KERNEL, defines, device, shared_bytes=smem)
+    for ctas_per_sm, stages in OCCUPANCY:
+        defines, smem = _variant(view, loop_id, group, ctas_per_sm, stages)
+        why = cuda.load_reason(SOURCE, KERNEL, defines, device, shared_bytes=smem)
+        if why is not None:
+            return why
+    return None
 
 
-def _variant(view: CompressedLayerView, loop_id: int, group: int) -> tuple[dict[str, int], int]:
-    """The compile-time defines of the kernel serving ``loop_id`` and its dynamic shared memory
-    per CTA (bytes)."""
+def _variant(view: CompressedLayerView, loop_id: int, group: int, ctas_per_sm: int,
+             stages: int) -> tuple[dict[str, int], int]:
+    """The compile-time defines of the kernel serving ``loop_id`` in one `OCCUPANCY` shape and its
+    dynamic shared memory per CTA (bytes)."""
     _, _, _, _, cf, a_bits, r_bits = _loop_tensors(view, loop_id)
     defines = dict(A_BITS=a_bits, R_BITS=r_bits, GS=view.cfg.group_size, GQ=group,
-                   HAS_COEF=int(cf is not None), WARPS=WARPS, MINB=CTAS_PER_SM,
-                   STAGES=STAGES)
-    return defines, WARPS * STAGES * stage_bytes(a_bits, r_bits)
+                   HAS_COEF=int(cf is not None), WARPS=WARPS, MINB=ctas_per_sm,
+                   STAGES=stages)
+    return defines, WARPS * stages * stage_bytes(a_bits, r_bits)
 
 
 def tc_split(q_rot: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
              view: CompressedLayerView, loop_id: int, num_kv_heads: int, qk_scale: float,
-             num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the split kernel: ``q_rot`` ``[B, Hq, 128]`` fp32 (rotated basis, contiguous) ->
+             num_splits: int, occupancy: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the split kernel in the `OCCUPANCY` shape ``occupancy`` (`tc_occupancy`):
+    ``q_rot`` ``[B, Hq, 128]`` fp32 (rotated basis, contiguous) ->
     (MidO ``[B, Hq, S, 128]`` fp32 unnormalised, MidML ``[B, Hq, S, 2]`` fp32 (max in log2
     units, sum)). Grid ``(cdiv(S * num_kv_heads, 4), B)`` CTAs of 4 warps, one (split, KV
     head) per warp, KV head fastest."""
@@ -133,7 +145,7 @@ def tc_split(q_rot: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Ten
     dev = q_rot.device
     group = HQ // num_kv_heads
     ac, aso, rc, rso, cf, _, _ = _loop_tensors(view, loop_id)
-    defines, smem = _variant(view, loop_id, group)
+    defines, smem = _variant(view, loop_id, group, *occupancy)
     fn = cuda.function(SOURCE, KERNEL, defines, dev, shared_bytes=smem)
     mid_o = torch.empty(B, HQ, num_splits, D, dtype=torch.float32, device=dev)
     mid_ml = torch.empty(B, HQ, num_splits, 2, dtype=torch.float32, device=dev)

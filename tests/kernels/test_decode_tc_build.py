@@ -12,7 +12,7 @@ import re
 import pytest
 
 from rq_kernels import cuda
-from rq_kernels.decode_tc import SOURCE, STAGES, CTAS_PER_SM, WARPS, _Args, stage_bytes
+from rq_kernels.decode_tc import OCCUPANCY, SOURCE, WARPS, _Args, stage_bytes
 
 TEXT = (cuda.CSRC / SOURCE).read_text()
 
@@ -56,16 +56,16 @@ def test_stage_bytes_mirror_matches_the_cuda_source():
         assert ev("STAGE_BYTES", env) == stage_bytes(a, r)
 
 
-VARIANTS = [dict(A_BITS=a, R_BITS=r, GS=gs, GQ=gq, HAS_COEF=coef, WARPS=WARPS,
-                 MINB=CTAS_PER_SM, STAGES=STAGES)
-            for a, r, gs, gq, coef in itertools.product((2, 4), (0, 2, 4), (32, 64), (1, 2, 4),
-                                                       (0, 1))
+VARIANTS = [dict(A_BITS=a, R_BITS=r, GS=gs, GQ=gq, HAS_COEF=coef, WARPS=WARPS, MINB=minb,
+                 STAGES=stages)
+            for a, r, gs, gq, coef, (minb, stages) in itertools.product(
+                (2, 4), (0, 2, 4), (32, 64), (1, 2, 4), (0, 1), OCCUPANCY)
             if gq * 128 // gs <= 8 and not (coef and r == 0 and a == 2)]
 
 
 @pytest.mark.skipif(cuda.nvrtc_path() is None, reason="libnvrtc not installed")
 @pytest.mark.parametrize("defines", VARIANTS[::5] + [VARIANTS[-1]],
-                         ids=lambda d: "a{A_BITS}r{R_BITS}g{GS}q{GQ}c{HAS_COEF}".format(**d))
+                         ids=lambda d: "a{A_BITS}r{R_BITS}g{GS}q{GQ}c{HAS_COEF}m{MINB}".format(**d))
 def test_every_requested_variant_compiles(defines):
     cubin = cuda.compile_nvrtc(TEXT, SOURCE, defines, "sm_90")
     assert cubin[:4] == b"\x7fELF"
