@@ -14,7 +14,9 @@ enabled `RQConfig` (set by the launcher) it also installs, on private names of S
 Under the launcher (``SGLANG_RQ_CONFIG`` set, the RQ pool on or off) it also installs
 ``TokenizerManager._validate_one_request`` (AROUND): token ids outside ``[0, vocab_size)`` are
 refused with a 400 (SGLang 0.5.23 checks only ``token_ids_logprob``; an out-of-vocabulary
-``input_ids`` on ``/generate`` raised IndexError in the scheduler and killed the server).
+``input_ids`` on ``/generate`` raised IndexError in the scheduler and killed the server), and
+``CpuDeviceMixin.empty_cache`` (AFTER: ``malloc_trim(0)``, so ``/flush_cache`` on a CPU server
+returns the C heap's free pages to the OS; docs/robustness.md section 6).
 
 Every hook is verified after ``HookRegistry.apply_hooks()``; one that did not apply stops the
 process (SystemExit, which SGLang's plugin loader does not swallow).
@@ -37,6 +39,7 @@ HOOK_TARGETS = (
     "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes",
     "sglang.srt.platforms.interface.SRTPlatform.get_kv_pool_cls",
     "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
+    "sglang.srt.platforms.cpu.CpuDeviceMixin.empty_cache",
 )
 RQ_BACKENDS = ("rq_native", "rq_triton")
 
@@ -60,9 +63,10 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     cfg = RQConfig.from_json(raw)
-    targets = [HOOK_TARGETS[2], HOOK_TARGETS[4]]
+    targets = [HOOK_TARGETS[2], HOOK_TARGETS[4], HOOK_TARGETS[5]]
     HookRegistry.register(HOOK_TARGETS[2], _budget_hook, HookType.AROUND)
     HookRegistry.register(HOOK_TARGETS[4], _input_ids_hook, HookType.AROUND)
+    HookRegistry.register(HOOK_TARGETS[5], _trim_heap_hook, HookType.AFTER)
     if cfg.enabled:
         _Runtime.cfg = cfg
         targets = list(HOOK_TARGETS)
@@ -122,6 +126,27 @@ def verify_hooks(targets: list[str]) -> None:
 
 
 # ----------------------------------------------------------------------------- hooks
+def _trim_heap_hook(result, self):
+    """After SGLang's CPU ``empty_cache`` (``/flush_cache``, idle sleep): hand the C heap's free
+    pages back to the OS (glibc ``malloc_trim(0)``; a no-op under another allocator).
+
+    The CPU path's large transients (fp32 K/V, rotation products: MiBs per forward) come from
+    the glibc heap once its dynamic mmap threshold has risen; oneDNN's per-shape matmul primitives
+    (~0.5 MiB each, created while the server meets new batch sizes) are then allocated between
+    them and keep the freed space from being trimmed, so RSS kept ~4x the live growth
+    (docs/robustness.md section 6)."""
+    _malloc_trim()
+    return result
+
+
+def _malloc_trim() -> bool:
+    """``malloc_trim(0)`` of glibc; False where the C library has none."""
+    import ctypes
+
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    return bool(trim is not None and trim(0))
+
+
 def _cell_size_hook(original, self, kvc, num_layers):
     """AROUND ``DefaultPoolConfigurator._compute_cell_size``: SGLang's bytes per token.
 
