@@ -8,11 +8,7 @@ A chunk of ``chunk`` new tokens attends to a compressed prefix of ``prefix`` tok
 backends call it: no sync, graph-replayed here like the baseline) and ``workspace_eager``
 without them (one host sync per call, eager launches). The baseline is PyTorch SDPA
 (FlashAttention) over BF16: the chunk against the whole prefix plus a causal SDPA over the
-chunk (the work of the slab path, split in two), and ``sdpa_one_call``: one varlen
-FlashAttention call over [prefix ; chunk], causal aligned bottom-right (what a BF16 server's
-prefill over a cached prefix runs). ``workspace`` is `extend_attention` (one FlashAttention call
-when the prefix fits the workspace), ``workspace_slabs`` the slab path (``_workspace_extend``:
-prefix and chunk attended apart and merged by LSE) on the same inputs. The reconstruct kernel alone is timed too, with its
+chunk, the same work as ours split in two. The reconstruct kernel alone is timed too, with its
 achieved bandwidth on compressed bytes read plus bf16 bytes written. `do_bench` median.
 
 ``mixed`` (Ouro shape): a mixed batch as SGLang's ``--enable-mixed-chunk`` builds it, one
@@ -39,20 +35,9 @@ import triton  # noqa: E402
 
 from benchmarks.common import DEV, FAMILIES, bench, pool, sdpa_time  # noqa: E402
 from benchmarks.common import bench_args, write_json  # noqa: E402
-from rq_kernels.extend import (  # noqa: E402
-    WORKSPACE_TOKENS, _attend_varlen, _workspace_extend, extend_attention,
-)
+from rq_kernels.extend import WORKSPACE_TOKENS, _workspace_extend, extend_attention  # noqa: E402
 from rq_kernels.reconstruct import reconstruct_rows  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
-
-def flash_one_call(q, k, scale):
-    """``q [m, Hq, D]`` over ``k = v [n + m, Hkv, D]`` in one varlen FlashAttention call,
-    causal aligned bottom-right (CPU dry run: the extend module's fp32 twin of it)."""
-    m, n = q.shape[0], k.shape[0] - q.shape[0]
-    cu_q = torch.tensor([0, m], dtype=torch.int32, device=DEV)
-    cu_k = torch.tensor([0, n + m], dtype=torch.int32, device=DEV)
-    return lambda: _attend_varlen(q, k, k, cu_q, cu_k, [0, m], [0, n], scale=scale)
-
 
 def eager_ms(fn) -> float:
     """Median ms of ``fn`` launched eagerly (host work and syncs included); CPU: one call."""
@@ -138,21 +123,16 @@ def main() -> None:
             kvi = torch.tensor([0, prefix], dtype=torch.int32, device=DEV)
             idx = torch.arange(prefix, device=DEV) + 1
             out = torch.empty_like(qx)
-            sd1 = bench(flash_one_call(qx, kp[0].transpose(0, 1).contiguous(), dim ** -0.5))
-            row = dict(family=fam, prefix=prefix, chunk=chunk, sdpa_ms=sd, sdpa_one_call_ms=sd1)
-            hp = ([0, chunk], [0, prefix])
-            arms = {"workspace": (bench, lambda i: extend_attention(  # noqa: B023
-                        qx, kx, kx, view, i, qo, kvi, idx, sm_scale=dim ** -0.5, out=out,
-                        host_indptrs=hp)),
-                    "workspace_eager": (eager_ms, lambda i: extend_attention(  # noqa: B023
-                        qx, kx, kx, view, i, qo, kvi, idx, sm_scale=dim ** -0.5, out=out)),
-                    "workspace_slabs": (bench, lambda i: _workspace_extend(  # noqa: B023
-                        qx, kx, kx, view, i, *hp, idx, dim ** -0.5, out))}
-            for name, (timer, call) in arms.items():
-                t = {i: timer(lambda: call(i)) for i in (0, loops - 1)}  # noqa: B023
+            row = dict(family=fam, prefix=prefix, chunk=chunk, sdpa_ms=sd)
+            arms = {"workspace": (bench, dict(host_indptrs=([0, chunk], [0, prefix]))),
+                    "workspace_eager": (eager_ms, {})}
+            for name, (timer, kw) in arms.items():
+                t = {i: timer(lambda: extend_attention(  # noqa: B023
+                    qx, kx, kx, view, i, qo, kvi, idx, sm_scale=dim ** -0.5, out=out,  # noqa: B023
+                    **kw)) for i in (0, loops - 1)}  # noqa: B023
                 avg = ((loops - 1) * t[0] + t[loops - 1]) / loops
                 row[name] = dict(resid_ms=t[0], anchor_ms=t[loops - 1], avg_ms=avg,
-                                 over_sdpa=avg / sd, over_sdpa_one_call=avg / sd1)
+                                 over_sdpa=avg / sd)
             ws_k = torch.empty(prefix, hkv, dim, device=DEV, dtype=torch.bfloat16)
             ws_v = torch.empty_like(ws_k)
             for i, role in ((0, "resid"), (loops - 1, "anchor")):
@@ -160,10 +140,9 @@ def main() -> None:
                 nbytes = reconstruct_bytes(view, i, prefix)
                 row[f"reconstruct_{role}"] = dict(ms=ms, bytes=nbytes, gb_s=nbytes / ms / 1e6)
             res["rows"].append(row)
-            print(f"{fam:12s} prefix {prefix:6d} chunk {chunk:5d} sdpa {sd * 1e3:7.1f}us "
-                  f"(one call {sd1 * 1e3:7.1f}us) | "
-                  + " | ".join(f"{n} {row[n]['avg_ms'] * 1e3:7.1f}us (x{row[n]['over_sdpa']:.2f}"
-                               f", x{row[n]['over_sdpa_one_call']:.2f})" for n in arms)
+            print(f"{fam:12s} prefix {prefix:6d} chunk {chunk:5d} sdpa {sd * 1e3:7.1f}us | "
+                  + " | ".join(f"{n} {row[n]['avg_ms'] * 1e3:7.1f}us (x{row[n]['over_sdpa']:.2f})"
+                               for n in arms)
                   + " | reconstruct " + " ".join(
                       f"{r} {row[f'reconstruct_{r}']['ms'] * 1e3:.1f}us "
                       f"{row[f'reconstruct_{r}']['gb_s']:.0f}GB/s" for r in ("resid", "anchor")),

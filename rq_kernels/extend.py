@@ -7,12 +7,6 @@ Triton kernel (prefix dequantized tile by tile in registers, Ampere-style MMAs) 
 1.19-1.51x for this path
 (benchmarks/bench_extend.py, docs/kernels.md; the fused kernel is in git history). Per call:
 
-When every request's prefix fits one workspace (at most `WORKSPACE_TOKENS` prefix rows in
-all), the call is one FlashAttention launch: each request's rows are its reconstructed prefix
-followed by its chunk's own K/V rotated (``k R``, ``v R``), packed back to back; the varlen
-FlashAttention op (``cum_seq_q``/``cum_seq_k``, causal aligned bottom-right, GQA natively)
-attends ``q R`` over them and the output is un-rotated once. Longer prefixes take the slabs:
-
 1. ``q' = q R`` per KV head, once, with the ``GQ`` query heads of a KV head laid on the
    sequence axis (``[num_kv_heads, num_tokens * GQ, D]``, row ``t * GQ + g``): the prefix is
    attended non-causally, so the rows need no mask and K/V are never expanded;
@@ -74,39 +68,6 @@ def _attend_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
     den = p.sum(dim=-1, keepdim=True)
     out = torch.matmul(p.to(q.dtype).float(), v.float()) / den  # P rounded as FlashAttention's
     return out.to(q.dtype), (m + torch.log(den)).squeeze(-1)
-
-
-def _attend_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
-                   cu_k: torch.Tensor, qp: list[int], kp: list[int], *, scale: float
-                   ) -> torch.Tensor:
-    """Varlen causal attention, aligned bottom-right: request b's queries ``q[cu_q[b]:cu_q[b+1]]
-    [m, Hq, D]`` over its keys ``k/v[cu_k[b]:cu_k[b+1]] [n + m, Hkv, D]`` (``n = kp[b+1] -
-    kp[b]`` prefix rows, then its own m), query i seeing keys ``<= n + i``; GQA natively ->
-    ``[T, Hq, D]`` in q's dtype. CUDA: PyTorch's varlen FlashAttention op; CPU (interpreter
-    tests): the same maths in fp32, ``P`` rounded to q's dtype."""
-    if q.is_cuda:
-        max_q = max(b - a for a, b in zip(qp, qp[1:]))
-        max_k = max(kb - ka + qb - qa for qa, qb, ka, kb in zip(qp, qp[1:], kp, kp[1:]))
-        return torch.ops.aten._flash_attention_forward(
-            q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False, scale=scale)[0]
-    out = torch.empty_like(q)
-    G = q.shape[1] // k.shape[1]
-    at = 0
-    for b in range(len(qp) - 1):
-        m, n = qp[b + 1] - qp[b], kp[b + 1] - kp[b]
-        at += n + m
-        if m == 0:
-            continue
-        kb = k[at - n - m:at].float().repeat_interleave(G, dim=1).transpose(0, 1)
-        vb = v[at - n - m:at].float().repeat_interleave(G, dim=1).transpose(0, 1)
-        qb = q[qp[b]:qp[b + 1]].float().transpose(0, 1)  # [Hq, m, D]
-        s = torch.matmul(qb, kb.transpose(-1, -2)) * scale  # [Hq, m, n + m]
-        keep = torch.ones(m, n + m, dtype=torch.bool, device=q.device).tril(diagonal=n)
-        s = s.masked_fill(~keep, float("-inf"))
-        p = torch.exp(s - s.amax(dim=-1, keepdim=True))
-        o = torch.matmul(p.to(q.dtype).float(), vb) / p.sum(dim=-1, keepdim=True)
-        out[qp[b]:qp[b + 1]] = o.transpose(0, 1).to(q.dtype)
-    return out
 
 
 def _merge_into(acc: torch.Tensor, acc_lse: torch.Tensor, o: torch.Tensor, lse: torch.Tensor
@@ -189,66 +150,9 @@ def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
                          kv_indptr[b0:] - kp[b0], kv_indices[kp[b0]:kp[B]], sm_scale=sm_scale,
                          out=out[r0:])
     # the chunk requests [0, b0) (none when b0 == 0: it returns at once)
-    if b0 > 0 and kp[b0] - kp[0] <= WORKSPACE_TOKENS:
-        _one_call_extend(q[:r0], k_cur[:r0], v_cur[:r0], view, loop_id, qp[:b0 + 1],
-                         kp[:b0 + 1], qo_indptr[:b0 + 1], kv_indptr[:b0 + 1], kv_indices,
-                         sm_scale, out[:r0])
-    else:
-        _workspace_extend(q[:r0], k_cur[:r0], v_cur[:r0], view, loop_id, qp[:b0 + 1],
-                          kp[:b0 + 1], kv_indices, sm_scale, out[:r0])
+    _workspace_extend(q[:r0], k_cur[:r0], v_cur[:r0], view, loop_id, qp[:b0 + 1], kp[:b0 + 1],
+                      kv_indices, sm_scale, out[:r0])
     return out
-
-
-def _rotate_heads(x: torch.Tensor, rot: torch.Tensor, transpose: bool = False) -> torch.Tensor:
-    """``x [n, H, D]`` times ``R`` (or ``R^T``) of each head, ``rot [H, D, D]``, in fp32 ->
-    fp32 ``[n, H, D]``."""
-    r = rot.float().transpose(1, 2) if transpose else rot.float()
-    return torch.bmm(x.float().transpose(0, 1), r).transpose(0, 1)
-
-
-def _one_call_extend(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
-                     view: CompressedLayerView, loop_id: int, qp: list[int], kp: list[int],
-                     qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
-                     kv_indices: torch.Tensor, sm_scale: float, out: torch.Tensor) -> None:
-    """`extend_attention` of the chunk requests in one varlen FlashAttention call (module
-    docstring): request b's keys are its ``kp[b+1] - kp[b]`` prefix rows (reconstructed, rotated
-    basis) then its chunk's rotated K/V; ``qp``/``kp`` the host indptrs, ``qo_indptr``/
-    ``kv_indptr`` the same on the device (the packed offsets are built there: no sync)."""
-    T, HQ, D = q.shape
-    HKV = k_cur.shape[1]
-    G = HQ // HKV
-    B = len(qp) - 1
-    if T == 0:
-        return
-    rot = view.rotation
-
-    def by_kv_head(x):  # [T, Hq, D] -> [T * G, Hkv, D] (row t * G + g) and back
-        return x.view(T, HKV, G, D).permute(0, 2, 1, 3).reshape(T * G, HKV, D)
-
-    def by_qo_head(x):
-        return x.view(T, G, HKV, D).permute(0, 2, 1, 3).reshape(T, HQ, D)
-
-    if rot is not None:
-        q = by_qo_head(_rotate_heads(by_kv_head(q), rot)).to(q.dtype)
-        k_cur, v_cur = (_rotate_heads(x, rot).to(x.dtype) for x in (k_cur, v_cur))
-    rows = kp[-1] - kp[0] + T
-    ws_k = torch.empty(rows, HKV, D, dtype=torch.bfloat16, device=q.device)
-    ws_v = torch.empty_like(ws_k)
-    at = 0
-    for b in range(B):
-        n, m = kp[b + 1] - kp[b], qp[b + 1] - qp[b]
-        if n:
-            reconstruct_rows(view, loop_id, kv_indices[kp[b]:kp[b + 1]], ws_k[at:at + n],
-                             ws_v[at:at + n])
-        ws_k[at + n:at + n + m] = k_cur[qp[b]:qp[b + 1]]
-        ws_v[at + n:at + n + m] = v_cur[qp[b]:qp[b + 1]]
-        at += n + m
-    cu_q = (qo_indptr - qo_indptr[0]).to(torch.int32)
-    cu_k = (kv_indptr - kv_indptr[0]).to(torch.int32) + cu_q
-    o = _attend_varlen(q, ws_k, ws_v, cu_q, cu_k, qp, kp, scale=sm_scale)
-    if rot is not None:  # back to the original basis, per KV head
-        o = by_qo_head(_rotate_heads(by_kv_head(o), rot, transpose=True))
-    out.copy_(o)
 
 
 def _workspace_extend(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
