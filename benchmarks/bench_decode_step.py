@@ -15,7 +15,10 @@ omitted, it costs the same on both sides): 96 attention calls per step.
 Each step is captured in a CUDA graph and timed with `triton.testing.do_bench` (median).
 Reported: tokens/s = batch / step time at a fixed batch, and at the largest batch whose cache
 fits a 32 GiB budget and the whole card (free memory after weights minus a margin), each cache
-sized with `sglang_rq.layout` (the one owner of the byte counts). Writes DIR/bench_decode_step.json.
+sized with `sglang_rq.layout` (the one owner of the byte counts). Also the same step without
+attention (``none``: ``attend`` returns q) at each of those batches: the part both arms share,
+so the attention time of each arm and the ceiling of RQ/BF16 (RQ attention taking no time) are
+printed and recorded (``parts_*``). Writes DIR/bench_decode_step.json.
 """
 
 from __future__ import annotations
@@ -141,6 +144,14 @@ class RQCache:
         return o
 
 
+class NoAttention:
+    """The step without attention (``attend`` returns q): the part both arms share, whose time
+    bounds what a faster attention can gain."""
+
+    def __call__(self, u, li, q, k, v):
+        return q
+
+
 def time_step(s, W, cache, b) -> float:
     """Median ms of one step replayed from a CUDA graph (eager timing on CPU)."""
     x = torch.randn(b, s.hidden, device=DEV, dtype=torch.bfloat16)
@@ -176,14 +187,15 @@ def main() -> None:
             return None
         if DEV == "cuda":
             torch.cuda.empty_cache()
-        cache = (BF16Cache(s, b, ctx) if kind == "bf16"
-                 else RQCache(s, b, ctx, cfg))
+        cache = (BF16Cache(s, b, ctx) if kind == "bf16" else
+                 NoAttention() if kind == "none" else RQCache(s, b, ctx, cfg))
         try:
             ms = time_step(s, W, cache, b)
         finally:
             del cache
+        per = dict(bf16=bf16_tok, rq=rq_tok, none=0)[kind]
         rec = dict(kind=kind, batch=b, ctx=ctx, label=label, step_ms=ms, tokens_per_s=b / ms * 1e3,
-                   kv_gib=(bf16_tok if kind == "bf16" else rq_tok) * b * (ctx + 1) / GiB)
+                   kv_gib=per * b * (ctx + 1) / GiB)
         res["runs"].append(rec)
         print(f"{label:10s} {kind:4s} ctx={ctx:6d} b={b:3d}: step {ms:8.2f} ms, "
               f"{rec['tokens_per_s']:9.1f} tok/s, KV {rec['kv_gib']:.1f} GiB", flush=True)
@@ -192,8 +204,8 @@ def main() -> None:
         return rec
 
     ctxs = [40] if a.dry_run else [4096, 16384]
-    for ctx in ctxs:  # fixed batch 2
-        for kind in ("bf16", "rq"):
+    for ctx in ctxs:  # fixed batch 2; "none": the step without attention
+        for kind in ("bf16", "rq", "none"):
             run(kind, 2, ctx, "fixed")
     ctx = ctxs[-1]
     budgets = {"32GiB": 32 * GiB}
@@ -209,6 +221,7 @@ def main() -> None:
             res[f"max_batch_{label}_{kind}"] = b
             if b >= 1:
                 run(kind, b, ctx, label)
+                run("none", b, ctx, f"{label}_{kind}")
     rows = {(r["kind"], r["label"], r["ctx"]): r for r in res["runs"]}
     for key in [("fixed", c) for c in ctxs] + [(lab, ctx) for lab in budgets]:
         bf, rq = rows.get(("bf16", *key)), rows.get(("rq", *key))
@@ -217,6 +230,19 @@ def main() -> None:
             res[f"ratio_{key[0]}_{key[1]}"] = ratio
             print(f"{key[0]:6s} ctx={key[1]}: RQ/BF16 tokens/s = {ratio:.2f}x "
                   f"(batch {rq['batch']} vs {bf['batch']})", flush=True)
+            nb = rows.get(("none", key[0], key[1])) or rows.get(("none", f"{key[0]}_bf16", key[1]))
+            nr = rows.get(("none", key[0], key[1])) or rows.get(("none", f"{key[0]}_rq", key[1]))
+            if nb and nr:  # the ceiling: RQ's attention taking no time at all
+                part = dict(non_attention_ms_bf16_batch=nb["step_ms"],
+                            non_attention_ms_rq_batch=nr["step_ms"],
+                            attention_ms_bf16=bf["step_ms"] - nb["step_ms"],
+                            attention_ms_rq=rq["step_ms"] - nr["step_ms"],
+                            ceiling=(rq["batch"] / nr["step_ms"]) / bf["tokens_per_s"] * 1e3)
+                res[f"parts_{key[0]}_{key[1]}"] = part
+                print(f"{'':6s} non-attention {nb['step_ms']:.2f} / {nr['step_ms']:.2f} ms, "
+                      f"attention BF16 {part['attention_ms_bf16']:.2f} ms, RQ "
+                      f"{part['attention_ms_rq']:.2f} ms; ceiling with free RQ attention "
+                      f"{part['ceiling']:.2f}x", flush=True)
     res["elapsed_s"] = time.time() - T0
     with open(path, "w") as f:
         json.dump(res, f, indent=1)

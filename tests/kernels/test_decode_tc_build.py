@@ -12,7 +12,7 @@ import re
 import pytest
 
 from rq_kernels import cuda
-from rq_kernels.decode_tc import OCCUPANCY, SOURCE, WARPS, _Args, stage_bytes
+from rq_kernels.decode_tc import OCCUPANCY, SOURCE, WARPS, _Args, stage_bytes, tc_occupancy
 
 TEXT = (cuda.CSRC / SOURCE).read_text()
 
@@ -97,3 +97,12 @@ def test_no_working_compiler_is_an_error_naming_both(tmp_path, monkeypatch):
     monkeypatch.setattr(cuda, "nvrtc_path", lambda: None)
     with pytest.raises(RuntimeError, match="nvcc not found; compiling rq_decode_tc.cu needs"):
         cuda._compile(TEXT, SOURCE, VARIANTS[0], "sm_90")  # noqa: SLF001
+
+
+def test_occupancy_shape_follows_the_wave():
+    """3 CTAs of 4 warps per SM while two splits per (request, KV head) fit one wave, else 2:
+    on 132 SMs a wave of 3-CTA programs is 4 * 3 * 132 = 1,584 warps, i.e. 792 units."""
+    assert tc_occupancy(16 * 49, 132) == (3, 2)  # 784 units
+    assert tc_occupancy(792, 132) == (3, 2)
+    assert tc_occupancy(793, 132) == (2, 3)
+    assert tc_occupancy(16 * 64, 132) == (2, 3)  # 64 x 8k of the benchmark: one split each
