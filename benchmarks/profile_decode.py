@@ -24,7 +24,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_decode import inputs  # noqa: E402
-from benchmarks.common import DEV, FAMILIES, bench, bench_args, pool, sdpa_time, write_json  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    DEV, FAMILIES, bench, bench_args, pool, sdpa_time, write_json,
+)
 from rq_kernels import decode_attention  # noqa: E402
 from rq_kernels.decode import DecodeLaunch  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402

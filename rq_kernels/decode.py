@@ -42,7 +42,8 @@ if TYPE_CHECKING:
 
 LOG2E = 1.4426950408889634
 SPLIT_KERNELS = ("tc", "fma", "mma")
-MERGE_TILE = 128  # (row, split) pairs the merge kernel loads per iteration
+MERGE_TILE = 128  # (row, split) pairs the merge kernel loads per iteration at head_dim <= 128
+MMA_ROWS = 16  # rows of one tensor-core tile (the merge's un-rotation)
 
 
 @dataclass(frozen=True)
@@ -215,10 +216,11 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
             q, q.stride(0), q.stride(1), kv_indptr, kv_indices, *args, *rot, mid_o, mid_ml,
             qk_scale, splits, GQ=gq, GQV=gqv, HAS_ROT=has_rot, TERMS=nterms, BLOCK_N=block_n,
             INTERP=interp, FAST=not interp, num_warps=1, num_stages=3, **c)
-    # merge: few rows (small batch) take many splits per iteration, [rows, splits, DP] <= 16K
-    block_m = min(16, next_pow2(B * gq))
-    per_iter = MERGE_TILE // block_m
-    reps = 16 // block_m if has_rot else 1
+    # merge: few rows (small batch) take many splits per iteration; [rows, splits, DP] holds at
+    # most MERGE_TILE * 128 fp32
+    block_m = min(MMA_ROWS, next_pow2(B * gq))
+    per_iter = max(1, MERGE_TILE // block_m * 128 // max(dp, 128))
+    reps = MMA_ROWS // block_m if has_rot else 1
     rq_decode_merge_kernel[(HKV, cdiv(B * gq, block_m))](
         q, q.stride(0), q.stride(1), k_cur, k_cur.stride(0), k_cur.stride(1),
         v_cur, v_cur.stride(0), v_cur.stride(1), mid_o, mid_ml, *rot,

@@ -16,7 +16,10 @@ fi
 # editable install points at, so a second checkout sharing the cached venv ran the first one's code.
 if ! (cd / && "$VENV/bin/python" -c "import locust, sglang, sglang_rq, pytest, ruff, smg, kubernetes_validate") 2>/dev/null \
    || [ "$(cd / && "$VENV/bin/python" -c 'import sglang_rq, os; print(os.path.dirname(os.path.dirname(sglang_rq.__file__)))')" != "$PWD" ]; then
-  "$VENV/bin/python" -m pip install -q -e ".[test,serve,deploy,eval]" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  # pip's and setuptools' build chatter goes to a log; a failure shows its tail (the import
+  # check below then stops the script)
+  "$VENV/bin/python" -m pip install -q -e ".[test,serve,deploy,eval]" >"$VENV/pip-install.log" 2>&1 \
+    || { echo "pip install failed, tail of $VENV/pip-install.log:" >&2; tail -30 "$VENV/pip-install.log" >&2; }
 fi
 "$VENV/bin/python" -c "import sglang, sglang_rq; print('sglang', sglang.__version__)" >&2
 echo "$VENV"

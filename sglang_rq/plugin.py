@@ -139,12 +139,13 @@ def _trim_heap_hook(result, self):
     return result
 
 
-def _malloc_trim() -> bool:
-    """``malloc_trim(0)`` of glibc; False where the C library has none."""
+def _malloc_trim() -> None:
+    """``malloc_trim(0)`` of glibc; nothing where the C library has none."""
     import ctypes
 
     trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
-    return bool(trim is not None and trim(0))
+    if trim is not None:
+        trim(0)
 
 
 def _cell_size_hook(original, self, kvc, num_layers):

@@ -24,7 +24,8 @@
 // (s, m: FP8 scale and offset of the group; c: LSQ coefficient; DESIGN.md section 2.)
 //
 // Compile-time parameters (nvcc -D...): A_BITS (2, 4), R_BITS (0, 2, 4), GS (32, 64),
-// GQ (query heads per KV head, GQ * 128 / GS <= 8), HAS_COEF (0, 1). head_dim is 128.
+// GQ (query heads per KV head, GQ * 128 / GS <= 8), HAS_COEF (0, 1), WARPS (per CTA), MINB
+// (CTAs per SM), STAGES (tiles in flight per warp). head_dim is 128.
 // Writes the unnormalised split output MidO [B, HQ, S, 128] fp32 and MidML [B, HQ, S, 2]
 // (running max in log2 units, sum), the layout rq_decode_merge_kernel reduces.
 
@@ -42,6 +43,9 @@ typedef long long int64_t;
 
 #define D 128
 #define TILE 16
+#if !defined(WARPS) || !defined(MINB) || !defined(STAGES)
+#error "WARPS, MINB and STAGES come from the launcher (rq_kernels/decode_tc.py: _variant)"
+#endif
 #define NG (D / GS)
 #define ROWS (GQ * NG)
 
@@ -277,9 +281,10 @@ rq_decode_tc_split(const Args A) {
   const int warp = threadIdx.x >> 5;
   const uint32_t magic = 0x43004300u;  // bf16x2 (128, 128); a register operand of the LOP3s
   const int g = lane >> 2, t = lane & 3;
-  // this warp's (split, KV head) of request b, KV head fastest: the CTA's warps are adjacent KV
-  // heads of one split, so the small per-token reads they share ((scale, offset) and
-  // coefficient sectors, the pool slots) come from L1 after the first warp's miss
+  // this warp's (split, KV head) of request b, KV head fastest: the CTA's warps are adjacent
+  // units (adjacent KV heads of one split when num_kv_heads % 4 == 0), so the small per-token
+  // reads they share ((scale, offset) and coefficient sectors, the pool slots) come from L1
+  // after the first warp's miss
   const int num_kv_heads = A.num_qo_heads / GQ;
   const int unit = blockIdx.x * WARPS + warp;
   if (unit >= A.num_splits * num_kv_heads) return;

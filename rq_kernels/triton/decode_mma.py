@@ -179,7 +179,7 @@ def rq_decode_merge_kernel(
     rows: BLOCK_M < 16 rows are repeated ROW_REPS times (the copies are not stored)."""
     hk, r_mask, b, hq = gqa_rows(batch_rows, GQ, BLOCK_M)
     d = tl.arange(0, DP)
-    mid = (b * GQ * tl.num_programs(0) + hq) * num_splits  # [BLOCK_M]
+    mid = (b * GQ * tl.num_programs(0) + hq).to(tl.int64) * num_splits  # [BLOCK_M], 64-bit
     m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_run = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, DP], tl.float32)
