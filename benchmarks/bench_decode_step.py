@@ -204,8 +204,8 @@ def main() -> None:
         return rec
 
     ctxs = [40] if a.dry_run else [4096, 16384]
-    for ctx in ctxs:  # fixed batch 2; "none": the step without attention
-        for kind in ("bf16", "rq", "none"):
+    for ctx in ctxs:  # fixed batch 2
+        for kind in ("bf16", "rq"):
             run(kind, 2, ctx, "fixed")
     ctx = ctxs[-1]
     budgets = {"32GiB": 32 * GiB}
@@ -221,8 +221,11 @@ def main() -> None:
             res[f"max_batch_{label}_{kind}"] = b
             if b >= 1:
                 run(kind, b, ctx, label)
-                run("none", b, ctx, f"{label}_{kind}")
+    # the step without attention, once per batch size measured (it does not depend on ctx)
+    for b in sorted({r["batch"] for r in res["runs"]}):
+        run("none", b, 0, "none")
     rows = {(r["kind"], r["label"], r["ctx"]): r for r in res["runs"]}
+    none = {r["batch"]: r for r in res["runs"] if r["kind"] == "none"}
     for key in [("fixed", c) for c in ctxs] + [(lab, ctx) for lab in budgets]:
         bf, rq = rows.get(("bf16", *key)), rows.get(("rq", *key))
         if bf and rq:
@@ -230,8 +233,7 @@ def main() -> None:
             res[f"ratio_{key[0]}_{key[1]}"] = ratio
             print(f"{key[0]:6s} ctx={key[1]}: RQ/BF16 tokens/s = {ratio:.2f}x "
                   f"(batch {rq['batch']} vs {bf['batch']})", flush=True)
-            nb = rows.get(("none", key[0], key[1])) or rows.get(("none", f"{key[0]}_bf16", key[1]))
-            nr = rows.get(("none", key[0], key[1])) or rows.get(("none", f"{key[0]}_rq", key[1]))
+            nb, nr = none.get(bf["batch"]), none.get(rq["batch"])
             if nb and nr:  # the ceiling: RQ's attention taking no time at all
                 part = dict(non_attention_ms_bf16_batch=nb["step_ms"],
                             non_attention_ms_rq_batch=nr["step_ms"],

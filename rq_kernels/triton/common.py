@@ -186,13 +186,20 @@ def load_scale_offset(base, slot, s_row, n_mask, NG, NGP: tl.constexpr):
 
 
 @triton.jit
-def gqa_rows(batch_rows, GQ: tl.constexpr, BLOCK_M: tl.constexpr):
+def gqa_rows(batch_rows, GQ: tl.constexpr, BLOCK_M: tl.constexpr, REPS: tl.constexpr):
     """This program's ``BLOCK_M`` rows ``(request b, query head hq)`` of KV head
     ``program_id(0)`` for the grid ``(num_kv_heads, cdiv(batch_rows, BLOCK_M))``, ``batch_rows =
-    B * GQ``: returns (hk, rows mask, b, hq)."""
+    B * GQ``: returns (hk, rows mask, b, hq), each ``[REPS * BLOCK_M]``: row ``i`` is row
+    ``i % BLOCK_M``, and only the first copy is in the mask."""
     hk = tl.program_id(0)
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    return hk, rows < batch_rows, rows // GQ, hk * GQ + rows % GQ
+    if REPS == 1:
+        rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask = rows < batch_rows
+    else:
+        er = tl.arange(0, REPS * BLOCK_M)
+        rows = tl.program_id(1) * BLOCK_M + er % BLOCK_M
+        mask = (er < BLOCK_M) & (rows < batch_rows)
+    return hk, mask, rows // GQ, hk * GQ + rows % GQ
 
 
 @triton.jit

@@ -177,7 +177,7 @@ def rq_decode_merge_kernel(
     dependent L2 round trip per split: ~30 us at 64 splits on the H200); small batches take few
     rows and many splits per iteration. The un-rotation runs on tensor cores over at least 16
     rows: BLOCK_M < 16 rows are repeated ROW_REPS times (the copies are not stored)."""
-    hk, r_mask, b, hq = gqa_rows(batch_rows, GQ, BLOCK_M)
+    hk, r_mask, b, hq = gqa_rows(batch_rows, GQ, BLOCK_M, 1)
     d = tl.arange(0, DP)
     mid = (b * GQ * tl.num_programs(0) + hq).to(tl.int64) * num_splits  # [BLOCK_M], 64-bit
     m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -205,11 +205,7 @@ def rq_decode_merge_kernel(
                            [ROW_REPS * BLOCK_M])
         l_run = tl.reshape(tl.broadcast_to(l_run[None, :], [ROW_REPS, BLOCK_M]),
                            [ROW_REPS * BLOCK_M])
-        er = tl.arange(0, ROW_REPS * BLOCK_M)
-        rows = tl.program_id(1) * BLOCK_M + er % BLOCK_M
-        r_mask = (er < BLOCK_M) & (rows < batch_rows)
-        b = rows // GQ
-        hq = hk * GQ + rows % GQ
+        hk, r_mask, b, hq = gqa_rows(batch_rows, GQ, BLOCK_M, ROW_REPS)
     if HAS_ROT:  # back to the original basis: acc R^T
         acc = rotate_rows(acc, Rot + hk * s_rhead, s_rterm, s_rrow, TERMS, True, True, DP,
                           INTERP) * alpha

@@ -17,7 +17,7 @@ def rq_rotate_query_kernel(
 ):
     """Grid ``(num_kv_heads, cdiv(B * GQ, BLOCK_M))``: rows ``(b, query head of this KV
     head)``; ``Out = q R`` exactly to fp32 (the rotation's bf16 terms on tensor cores)."""
-    hk, r_mask, b, hq = gqa_rows(batch_rows, GQ, BLOCK_M)
+    hk, r_mask, b, hq = gqa_rows(batch_rows, GQ, BLOCK_M, 1)
     d = tl.arange(0, DP)
     dm = r_mask[:, None] & (d[None, :] < D)
     q = tl.load(Q + b[:, None] * s_qb + hq[:, None] * s_qh + d[None, :], mask=dm, other=0.0)
