@@ -189,7 +189,7 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     if kernel == "tc":
         q_rot = torch.empty(B, HQ, D, dtype=torch.float32, device=dev)
         rq_rotate_query_kernel[(HKV, cdiv(B * gq, 16))](
-            q, q.stride(0), q.stride(1), *rot, q_rot, B * gq, GQ=gq, D=D, DP=dp,
+            q, q.stride(0), q.stride(1), *rot, q_rot, HQ * D, gq * D, D, B * gq, GQ=gq, D=D, DP=dp,
             HAS_ROT=has_rot, TERMS=nterms, BLOCK_M=16, INTERP=interp, num_warps=4)
         occupancy = tc_occupancy(B * HKV, _num_sms(dev.index or 0))
         splits = launch.num_splits or choose_num_splits(

@@ -7,15 +7,18 @@ Triton kernel (prefix dequantized tile by tile in registers, Ampere-style MMAs) 
 1.19-1.51x for this path
 (benchmarks/bench_extend.py, docs/kernels.md; the fused kernel is in git history). Per call:
 
-1. ``q' = q R`` per KV head, once, with the ``GQ`` query heads of a KV head laid on the
-   sequence axis (``[num_kv_heads, num_tokens * GQ, D]``, row ``t * GQ + g``): the prefix is
-   attended non-causally, so the rows need no mask and K/V are never expanded;
+1. ``q' = q R`` per KV head, once (`rq_rotate_query_kernel`), with the ``GQ`` query heads of a
+   KV head laid on the sequence axis (``[num_kv_heads, num_tokens * GQ, D]`` bf16, row
+   ``t * GQ + g``): the prefix is attended non-causally, so the rows need no mask and K/V are
+   never expanded;
 2. the concatenated prefixes (``kv_indices``) in slabs of at most `WORKSPACE_TOKENS` rows:
    `reconstruct_rows` writes a slab's K'/V' (rotated basis) into the workspace in one launch,
    then every request that owns rows of the slab attends to its part with FlashAttention,
    which returns its log-sum-exp; parts of one request merge by LSE;
-3. the prefix output is un-rotated once (``o' R^T``); each request's chunk attends to itself
-   causally (original basis; K/V expanded to the query heads for GQA); the two merge by LSE.
+3. each request's chunk attends to itself causally (original basis; K/V expanded to the query
+   heads for GQA); one launch (`rq_extend_merge_kernel`) un-rotates the prefix output
+   (``o' R^T``) and merges the two by LSE into ``out``. With one request and one slab the
+   FlashAttention outputs are read where they lie (no gather, no fp32 accumulator).
 
 A mixed batch (SGLang's ``--enable-mixed-chunk``: running decodes appended after the prefill
 chunks as one-row requests) would reconstruct every decode row's whole history into bf16; the
@@ -35,9 +38,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rq_kernels._host import check_extend_args, require_kernel, unsupported_reason
+from rq_kernels._host import (
+    cdiv, check_extend_args, interpreting, next_pow2, require_kernel, rotation_terms,
+    unsupported_reason,
+)
 from rq_kernels.decode import decode_attention
 from rq_kernels.reconstruct import reconstruct_rows
+from rq_kernels.triton.extend import rq_extend_merge_kernel
+from rq_kernels.triton.query import rq_rotate_query_kernel
 from rq_kernels.triton.reconstruct import rq_reconstruct_kernel
 
 if TYPE_CHECKING:
@@ -166,45 +174,65 @@ def _workspace_extend(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     B = len(qp) - 1
     if T == 0 or B == 0:
         return
-    lse_c = torch.empty(T, HQ, dtype=torch.float32, device=q.device)
-    o_c = torch.empty_like(q)
-    for b in range(B):  # each chunk over itself, causal, original basis: [1, Hq, m, D]
+    chunks = [b for b in range(B) if qp[b] < qp[b + 1]]
+    if len(chunks) == 1:  # one chunk: its attention output and LSE are used where they lie
+        o_c = lse_c = None
+    else:
+        lse_c = torch.empty(T, HQ, dtype=torch.float32, device=q.device)
+        o_c = torch.empty_like(q)
+    for b in chunks:  # each chunk over itself, causal, original basis: [1, Hq, m, D]
         s, e = qp[b], qp[b + 1]
-        if s == e:
-            continue
         kb, vb = k_cur[s:e], v_cur[s:e]
         if GQ > 1:
             kb, vb = kb.repeat_interleave(GQ, dim=1), vb.repeat_interleave(GQ, dim=1)
         o, lse = _attend_with_lse(q[s:e].transpose(0, 1)[None], kb.transpose(0, 1)[None],
                                   vb.transpose(0, 1)[None], causal=True, scale=sm_scale)
-        o_c[s:e] = o[0].transpose(0, 1)
-        lse_c[s:e] = lse[0].transpose(0, 1)
+        if o_c is None:  # [T, Hq, D] and [T, Hq] views
+            o_c, lse_c = o[0].transpose(0, 1), lse[0].transpose(0, 1)
+        else:
+            o_c[s:e] = o[0].transpose(0, 1)
+            lse_c[s:e] = lse[0].transpose(0, 1)
     if kp[-1] == kp[0]:
         out.copy_(o_c)
         return
+    o_p, lse_p = _prefix_attention(q, view, loop_id, qp, kp, kv_indices, sm_scale)
+    terms, alpha, nterms = rotation_terms(view, next_pow2(D), q.device)
+    block_m = 64
+    rq_extend_merge_kernel[(HKV, cdiv(T * GQ, block_m))](
+        o_p, o_p.stride(0), o_p.stride(1), lse_p, lse_p.stride(0), lse_p.stride(1),
+        o_c, o_c.stride(0), o_c.stride(1), lse_c, lse_c.stride(0), lse_c.stride(1),
+        *_rot_args(terms, alpha), out, out.stride(0), out.stride(1), T * GQ,
+        GQ=GQ, D=D, DP=next_pow2(D), HAS_ROT=view.rotation is not None, TERMS=nterms,
+        BLOCK_M=block_m, INTERP=interpreting(rq_extend_merge_kernel), num_warps=4)
 
-    acc, acc_lse = _prefix_attention(q, view, loop_id, qp, kp, kv_indices, sm_scale)
-    # acc [Hkv, T*GQ, D] fp32 original basis, acc_lse [Hkv, T*GQ] -> [T, Hq, ...]
-    acc = acc.view(HKV, T, GQ, D).permute(1, 0, 2, 3).reshape(T, HQ, D)
-    acc_lse = acc_lse.view(HKV, T, GQ).permute(1, 0, 2).reshape(T, HQ)
-    _merge_into(acc, acc_lse, o_c, lse_c)
-    out.copy_(acc)
+
+def _rot_args(terms: torch.Tensor, alpha: float) -> tuple:
+    """(terms, term stride, head stride, row stride, alpha) of `rotation_terms`' output (a
+    1-element dummy without rotation)."""
+    if terms.dim() != 4:
+        return terms, 0, 0, 0, alpha
+    return terms, terms.stride(0), terms.stride(1), terms.stride(2), alpha
 
 
 def _prefix_attention(q: torch.Tensor, view: CompressedLayerView, loop_id: int, qp: list[int],
                       kp: list[int], kv_indices: torch.Tensor, sm_scale: float
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Every request's chunk over its compressed prefix, slab by slab: output ``[Hkv, T*GQ, D]``
-    fp32 in the original basis and LSE ``[Hkv, T*GQ]`` (``-inf``, output 0: no prefix)."""
+    in the rotated basis and LSE ``[Hkv, T*GQ]`` fp32 (``-inf``, output 0: no prefix). When
+    one FlashAttention call covers every row (one request, one slab) its bf16 output and LSE
+    are returned as they are; otherwise the parts are gathered and merged in fp32."""
     T, HQ, D = q.shape
     HKV = view.codes[0].shape[2]
     GQ = HQ // HKV
-    rot = view.rotation
-    qh = q.view(T, HKV, GQ, D).permute(1, 0, 2, 3).reshape(HKV, T * GQ, D)  # row t*GQ + g
-    if rot is not None:
-        qh = torch.bmm(qh.float(), rot.float()).to(torch.bfloat16)  # q' = q R
-    acc = torch.zeros(HKV, T * GQ, D, dtype=torch.float32, device=q.device)
-    acc_lse = torch.full((HKV, T * GQ), float("-inf"), dtype=torch.float32, device=q.device)
+    dp = next_pow2(D)
+    # q' = q R with the GQ query heads of a KV head on the row axis (row t * GQ + g), bf16
+    qh = torch.empty(HKV, T * GQ, D, dtype=torch.bfloat16, device=q.device)
+    terms, alpha, nterms = rotation_terms(view, dp, q.device)
+    rq_rotate_query_kernel[(HKV, cdiv(T * GQ, 64))](
+        q, q.stride(0), q.stride(1), *_rot_args(terms, alpha), qh, GQ * D, T * GQ * D, D,
+        T * GQ, GQ=GQ, D=D, DP=dp, HAS_ROT=view.rotation is not None, TERMS=nterms,
+        BLOCK_M=64, INTERP=interpreting(rq_rotate_query_kernel), num_warps=4)
+    acc = acc_lse = None
     first = [True] * (len(qp) - 1)
     slab = min(WORKSPACE_TOKENS, kp[-1] - kp[0])
     ws_k = torch.empty(slab, HKV, D, dtype=torch.bfloat16, device=q.device)
@@ -220,6 +248,12 @@ def _prefix_attention(q: torch.Tensor, view: CompressedLayerView, loop_id: int, 
                 o, lse = _attend_with_lse(  # [1, Hkv, (e-s), D]: the chunk x GQ on the seq axis
                     qh[None, :, s:e], ws_k[None, a0 - lo:a1 - lo].transpose(1, 2),
                     ws_v[None, a0 - lo:a1 - lo].transpose(1, 2), causal=False, scale=sm_scale)
+                if (s, e) == (0, T * GQ) and (a0, a1) == (kp[b], kp[b + 1]):
+                    return o[0], lse[0]  # the only part of the only rows
+                if acc is None:
+                    acc = torch.zeros(HKV, T * GQ, D, dtype=torch.float32, device=q.device)
+                    acc_lse = torch.full((HKV, T * GQ), float("-inf"), dtype=torch.float32,
+                                         device=q.device)
                 if first[b]:
                     acc[:, s:e] = o[0]
                     acc_lse[:, s:e] = lse[0]
@@ -227,6 +261,4 @@ def _prefix_attention(q: torch.Tensor, view: CompressedLayerView, loop_id: int, 
                 else:
                     _merge_into(acc[:, s:e], acc_lse[:, s:e], o[0], lse[0])
             b += 1
-    if rot is not None:
-        acc = torch.bmm(acc, rot.float().transpose(1, 2))  # o = o' R^T
     return acc, acc_lse

@@ -1,22 +1,25 @@
-"""The rotated query ``q R`` in fp32 for the tensor-core CUDA split kernel (``@triton.jit`` only)."""
+"""The rotated query ``q R`` (``@triton.jit`` only): fp32 ``[B, Hq, D]`` for the tensor-core CUDA
+decode split kernel, bf16 with each KV head's query heads on the row axis for the workspace
+extend's FlashAttention call over the prefix."""
 
 import triton
 import triton.language as tl
 
-from rq_kernels.triton.common import gqa_rows, rotate_rows
+from rq_kernels.triton.common import gqa_rows, rotate_rows, to_bf16
 
 
 @triton.jit
 def rq_rotate_query_kernel(
     Q, s_qb, s_qh,  # [B, Hq, D] bf16
     Rot, s_rterm, s_rhead, s_rrow, alpha,  # [TERMS, Hkv, DP, DP] bf16 (or a dummy)
-    Out,  # [B, Hq, D] fp32, contiguous
+    Out, s_ob, s_ok, s_og,  # row (b, KV head hk, g) at b * s_ob + hk * s_ok + g * s_og; fp32/bf16
     batch_rows,  # B * GQ
     GQ: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, HAS_ROT: tl.constexpr,
     TERMS: tl.constexpr, BLOCK_M: tl.constexpr, INTERP: tl.constexpr,
 ):
     """Grid ``(num_kv_heads, cdiv(B * GQ, BLOCK_M))``: rows ``(b, query head of this KV
-    head)``; ``Out = q R`` exactly to fp32 (the rotation's bf16 terms on tensor cores)."""
+    head)``; ``Out = q R`` exactly to fp32 (the rotation's bf16 terms on tensor cores), rounded
+    to nearest even when ``Out`` is bf16."""
     hk, r_mask, b, hq = gqa_rows(batch_rows, GQ, BLOCK_M, 1)
     d = tl.arange(0, DP)
     dm = r_mask[:, None] & (d[None, :] < D)
@@ -26,5 +29,7 @@ def rq_rotate_query_kernel(
                         INTERP) * alpha
     else:
         q = q.to(tl.float32)
-    num_heads = tl.num_programs(0) * GQ
-    tl.store(Out + (b[:, None] * num_heads + hq[:, None]) * D + d[None, :], q, mask=dm)
+    if Out.dtype.element_ty == tl.bfloat16:
+        q = to_bf16(q, INTERP)
+    o = b * s_ob + hk * s_ok + (hq - hk * GQ) * s_og
+    tl.store(Out + o[:, None] + d[None, :], q, mask=dm)
