@@ -41,8 +41,9 @@ def tc_occupancy(units: int, num_sms: int) -> tuple[int, int]:
 
 def stage_bytes(anchor_bits: int, residual_bits: int) -> int:
     """Shared memory of one pipeline stage of one warp (the CUDA source's STAGE_BYTES): the codes
-    of K and V for 16 tokens, 4 x 16 (scale, offset) rows padded to 8 bytes, 16 int64 slots."""
-    return 2 * TILE * 16 * (anchor_bits + residual_bits) + 4 * TILE * 8 + TILE * 8
+    of K and V for 16 tokens, 4 x 16 (scale, offset) rows padded to 8 bytes, 2 x 16 32-bit
+    words holding the K and V LSQ coefficients."""
+    return 2 * TILE * 16 * (anchor_bits + residual_bits) + 4 * TILE * 8 + 2 * TILE * 4
 
 
 class _Args(ctypes.Structure):
@@ -86,7 +87,8 @@ def _tc_unsupported_reason(view: CompressedLayerView, loop_id: int, group: int,
     ``group`` query heads per KV head on ``device`` (None if it can): a fused format, CUDA with
     compute capability >= 8.9 (FP8 conversions), head_dim 128, 2- or 4-bit anchor, 0/2/4-bit
     residual, group_size 32/64 with ``group * 128 / group_size <= 8``, code slices aligned
-    for vector loads, and the variant compiled and loaded (`rq_kernels.cuda.load_reason`: the
+    for vector loads, coefficient rows at an even bf16 stride, rows and row strides below
+    2^32, and the variant compiled and loaded (`rq_kernels.cuda.load_reason`: the
     compile happens here, once)."""
     why = unsupported_reason(view)
     if why is not None:
@@ -116,6 +118,13 @@ def _tc_unsupported_reason(view: CompressedLayerView, loop_id: int, group: int,
     for t in (aso, rso):  # (scale, offset) byte pairs are read as one 16-bit word
         if t is not None and (t.data_ptr() % 2 or any(s % 2 for s in t.stride()[:-2])):
             return "scale_offset pairs not 2-byte aligned"
+    # the kernel copies the aligned 32-bit word holding each bf16 coefficient and picks its half
+    # once per KV head, so every row must keep the same half: an even row stride in elements
+    if cf is not None and cf.stride(0) % 2:
+        return "coefficient rows at an odd bf16 stride"
+    for t in (ac, aso, rc, rso, cf):  # row offsets are one 32 x 32 -> 64-bit multiply
+        if t is not None and (t.shape[0] >= 2**32 or t.stride(0) * t.element_size() >= 2**32):
+            return "pool rows or row strides not below 2^32"
     for ctas_per_sm, stages in OCCUPANCY:
         defines, smem = _variant(view, loop_id, group, ctas_per_sm, stages)
         why = cuda.load_reason(SOURCE, KERNEL, defines, device, shared_bytes=smem)

@@ -35,6 +35,8 @@ typedef unsigned short uint16_t;
 typedef int int32_t;
 typedef unsigned int uint32_t;
 typedef long long int64_t;
+typedef unsigned long long uint64_t;
+typedef unsigned long long uintptr_t;
 #define INFINITY __int_as_float(0x7f800000)
 #else
 #include <stdint.h>
@@ -178,7 +180,7 @@ struct Args {
 // A stage holds one tile's raw bytes, gathered by cp.async from the pool rows of its 16 tokens:
 //   K anchor codes [16][BA] | V anchor codes [16][BA] | K residual [16][BR] | V residual [16][BR]
 //   | (scale, offset) rows [4 kinds][16][8] (K anchor, V anchor, K residual, V residual)
-//   | pool row (slot) of each token [16] int64.
+//   | LSQ coefficients [2 kinds (K, V)][16] as the aligned 32-bit word holding each bf16 value.
 #define BA (16 * A_BITS)  // code bytes per (token, head) of the anchor
 #define BR (16 * R_BITS)
 #define SB (NG * 2)       // (scale, offset) bytes per (token, head)
@@ -186,8 +188,8 @@ struct Args {
 #define OFF_KR (2 * TILE * BA)
 #define OFF_VR (2 * TILE * BA + TILE * BR)
 #define OFF_SO (2 * TILE * (BA + BR))
-#define OFF_SLOT (OFF_SO + 4 * TILE * 8)
-#define STAGE_BYTES (OFF_SLOT + TILE * 8)
+#define OFF_CF (OFF_SO + 4 * TILE * 8)
+#define STAGE_BYTES (OFF_CF + 2 * TILE * 4)
 // WARPS (per CTA), STAGES (tiles in flight per warp) and MINB (CTAs per SM, __launch_bounds__)
 // come from the launcher, which passes WARPS * STAGES * STAGE_BYTES of dynamic shared memory.
 static_assert(SB >= 4, "cp.async copies at least 4 bytes");
@@ -203,13 +205,20 @@ template <int N> __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// Byte (or element) offset of pool row slot: one 32 x 32 -> 64-bit multiply (the launcher
+// checks that rows and row strides are below 2^32).
+__device__ __forceinline__ int64_t row_off(int64_t slot, int64_t stride) {
+  return (int64_t)((uint64_t)(uint32_t)slot * (uint32_t)stride);
+}
+
 // Gather tile [n, n + 16) of this warp into the stage at shared address st. Lane: token
-// lane & 15, half lane >> 4 (alternate 16-byte chunks; (scale, offset) rows: half 0 the
-// anchor's, half 1 the residual's). slot: this lane's token's pool row (0 past hi).
+// lane & 15, half lane >> 4 (alternate 16-byte chunks; (scale, offset) rows and coefficients:
+// half 0 the anchor's / K's, half 1 the residual's / V's). slot: this lane's token's pool row
+// (0 past hi).
 __device__ __forceinline__ void issue_tile(const Args& A, int hk, uint32_t st, int lane,
-                                           int64_t slot, uint8_t* st_ptr) {
+                                           int64_t slot) {
   const int tok = lane & 15, half = lane >> 4;
-  const uint8_t* ac = A.ac + hk * A.ac_h + slot * A.ac_r;
+  const uint8_t* ac = A.ac + hk * A.ac_h + row_off(slot, A.ac_r);
 #pragma unroll
   for (int c = 0; c < BA / 16; c += 2) {
     if (c + half < BA / 16) {
@@ -218,7 +227,7 @@ __device__ __forceinline__ void issue_tile(const Args& A, int hk, uint32_t st, i
     }
   }
 #if R_BITS > 0
-  const uint8_t* rc = A.rc + hk * A.rc_h + slot * A.rc_r;
+  const uint8_t* rc = A.rc + hk * A.rc_h + row_off(slot, A.rc_r);
 #pragma unroll
   for (int c = 0; c < BR / 16; c += 2) {
     if (c + half < BR / 16) {
@@ -227,14 +236,20 @@ __device__ __forceinline__ void issue_tile(const Args& A, int hk, uint32_t st, i
     }
   }
 #endif
+#if HAS_COEF
+  {  // the aligned word holding this token's K (half 0) or V (half 1) coefficient
+    const uint16_t* c = A.cf + hk * A.cf_h + half * A.cf_kv + row_off(slot, A.cf_r);
+    cp_async_n<4>(st + OFF_CF + (half * TILE + tok) * 4,
+                  reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(c) & ~uintptr_t(3)));
+  }
+#endif
   if (half == 0) {
-    const uint8_t* so = A.aso + hk * A.aso_h + slot * A.aso_r;
+    const uint8_t* so = A.aso + hk * A.aso_h + row_off(slot, A.aso_r);
     cp_async_n<SB>(st + OFF_SO + (0 * TILE + tok) * 8, so);
     cp_async_n<SB>(st + OFF_SO + (1 * TILE + tok) * 8, so + A.aso_kv);
-    *reinterpret_cast<int64_t*>(st_ptr + OFF_SLOT + tok * 8) = slot;
   } else {
 #if R_BITS > 0
-    const uint8_t* so = A.rso + hk * A.rso_h + slot * A.rso_r;
+    const uint8_t* so = A.rso + hk * A.rso_h + row_off(slot, A.rso_r);
     cp_async_n<SB>(st + OFF_SO + (2 * TILE + tok) * 8, so);
     cp_async_n<SB>(st + OFF_SO + (3 * TILE + tok) * 8, so + A.rso_kv);
 #endif
@@ -245,6 +260,14 @@ __device__ __forceinline__ int64_t tile_slot(const Args& A, int64_t base, int n,
                                              int lane) {
   const int tok = n + (lane & 15);
   return tok < hi ? A.kv_indices[base + tok] : 0;
+}
+
+// LSQ coefficient of token tok, kind 0 (K) or 1 (V), as fp32: the bf16 half of its word selected
+// by shift (16 when the value sits at an address = 2 mod 4; the launcher checks that the row
+// stride keeps this the same for every row).
+__device__ __forceinline__ float coef_of(const uint8_t* stp, int kind, int tok, int shift) {
+  const uint32_t w = *reinterpret_cast<const uint32_t*>(stp + OFF_CF + (kind * TILE + tok) * 4);
+  return __uint_as_float((w >> shift) << 16);
 }
 
 __device__ __forceinline__ uint16_t so_pair(const uint8_t* stp, int kind, int tok, int grp) {
@@ -367,58 +390,28 @@ rq_decode_tc_split(const Args A) {
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < ntiles)
-      issue_tile(A, hk, wsa + s * STAGE_BYTES, lane, tile_slot(A, base, lo + s * TILE, hi, lane),
-                 wsm + s * STAGE_BYTES);
+      issue_tile(A, hk, wsa + s * STAGE_BYTES, lane, tile_slot(A, base, lo + s * TILE, hi, lane));
     cp_commit();
   }
   int64_t pslot = STAGES - 1 < ntiles ? tile_slot(A, base, lo + (STAGES - 1) * TILE, hi, lane) : 0;
   __syncwarp();
 #if HAS_COEF
-  // LSQ coefficients of the 4 epilogue tokens, one tile ahead in registers
-  uint16_t ck_n[2] = {0, 0}, cv_n[4] = {0, 0, 0, 0};
-  auto load_coef = [&](const uint8_t* stp) {
-    const uint16_t* cfh = A.cf + hk * A.cf_h;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      if (col_ok) {
-        const int64_t sl = *reinterpret_cast<const int64_t*>(stp + OFF_SLOT + (8 * j + g) * 8);
-        ck_n[j] = cfh[sl * A.cf_r];
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (row_ok) {
-        const int64_t sl = *reinterpret_cast<const int64_t*>(
-            stp + OFF_SLOT + (2 * t + (i & 1) + 8 * (i >> 1)) * 8);
-        cv_n[i] = cfh[sl * A.cf_r + A.cf_kv];
-      }
-    }
-  };
-  if (ntiles > 0) load_coef(wsm);
+  // which half of a coefficient word holds this KV head's K / V value (the same for every row)
+  const int sh_k = (reinterpret_cast<uintptr_t>(A.cf + hk * A.cf_h) & 2) ? 16 : 0;
+  const int sh_v = (reinterpret_cast<uintptr_t>(A.cf + hk * A.cf_h + A.cf_kv) & 2) ? 16 : 0;
 #endif
   for (int it = 0; it < ntiles; ++it) {
     const int n = lo + it * TILE;
     const uint8_t* stp = wsm + (it % STAGES) * STAGE_BYTES;
-#if HAS_COEF
-    uint16_t ck_c[2], cv_c[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) cv_c[i] = cv_n[i];
-    ck_c[0] = ck_n[0]; ck_c[1] = ck_n[1];
-#endif
     cp_wait<STAGES - 2>();
     __syncwarp();
     {
       const int nt = it + STAGES - 1;
       if (nt < ntiles)
-        issue_tile(A, hk, wsa + (nt % STAGES) * STAGE_BYTES, lane, pslot,
-                   wsm + (nt % STAGES) * STAGE_BYTES);
+        issue_tile(A, hk, wsa + (nt % STAGES) * STAGE_BYTES, lane, pslot);
       cp_commit();
       pslot = nt + 1 < ntiles ? tile_slot(A, base, lo + (nt + 1) * TILE, hi, lane) : 0;
     }
-#if HAS_COEF
-    __syncwarp();  // with 2 stages the pool slots of tile it + 1 were stored just above
-    if (it + 1 < ntiles) load_coef(wsm + ((it + 1) % STAGES) * STAGE_BYTES);
-#endif
 
     // ---- K (tokens on M): X[tok, col] for tokens g, 8 + g and columns 2t, 2t + 1
     float xa[4];
@@ -435,7 +428,7 @@ rq_decode_tc_split(const Args A) {
       const int tk = 8 * j + g;
       const uint32_t ska = so_word(stp, 0, tk, cg);
 #if HAS_COEF
-      const float c_k = bf16_lo(ck_c[j]);
+      const float c_k = coef_of(stp, 0, tk, sh_k);
 #else
       const float c_k = 1.f;
 #endif
@@ -466,7 +459,7 @@ rq_decode_tc_split(const Args A) {
       qk[i] = __shfl_sync(0xffffffffu, lg[i >> 1], 4 * (2 * t + (i & 1)) + src_t);
       if (!row_ok) qk[i] = -INFINITY;
 #if HAS_COEF
-      cvv[i] = bf16_lo(cv_c[i]);
+      cvv[i] = coef_of(stp, 1, 2 * t + (i & 1) + 8 * (i >> 1), sh_v);
 #else
       cvv[i] = 1.f;
 #endif
