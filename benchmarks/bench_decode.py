@@ -3,7 +3,7 @@
 ``python benchmarks/bench_decode.py --out DIR [--deadline S] [--dry-run]``
 
 `rq_kernels.decode_attention` with each split kernel that can serve the shape
-(`DecodeLaunch(split_kernel=...)`: ``tc`` (CUDA, head_dim 128), ``fma`` for MHA, ``mma`` for
+(`DecodeLaunch(split_kernel=...)`: ``tc`` (CUDA, head_dim 64/96/128), ``fma`` for MHA, ``mma`` for
 every shape) against PyTorch
 SDPA (FlashAttention) over contiguous BF16 K/V of ``ctx + 1`` tokens. Timing: CUDA-graph replay
 under `triton.testing.do_bench` (L2 flushed before each rep, median). RQ time per layer-loop =

@@ -2,8 +2,8 @@
 
 ``python benchmarks/sass_report.py --triton-site DIR [--out FILE] [--cases ouro,smollm,huginn]``
 
-The CUDA tensor-core decode kernel (`rq_kernels/csrc/rq_decode_tc.cu`) is compiled last, for the
-Ouro case's two loop kinds, with nvcc or NVRTC as at run time (`compile_cuda`).
+The CUDA tensor-core decode kernel (`rq_kernels/csrc/rq_decode_tc.cu`) is compiled last, for each
+case's shape and two loop kinds, with nvcc or NVRTC as at run time (`compile_cuda`).
 
 Step 1 (this process, Triton interpreter): run the real attention launchers
 (`decode_attention` with each split kernel, `extend_attention`; not yet the commit kernel, whose
@@ -192,26 +192,28 @@ def compile_records(records: list[dict], site: str) -> list[dict]:
     return out
 
 
-def compile_cuda(tools: str) -> list[dict]:
-    """The CUDA tensor-core decode kernel's variants of the default format (Ouro shape, MHA):
-    compiled for sm_90 as `rq_kernels.cuda` would (nvcc, else NVRTC), read with ``cuobjdump``
-    from ``tools``. Codes per thread per loop iteration: 16 tokens x 128 x (K, V) x (anchor,
-    residual) / 32 lanes."""
+def compile_cuda(tools: str, cases: list[str]) -> list[dict]:
+    """The CUDA tensor-core decode kernel's variants of the default format for each case's shape
+    (head_dim, query heads per KV head): compiled for sm_90 as `rq_kernels.cuda` would (nvcc,
+    else NVRTC), read with ``cuobjdump`` from ``tools``. Codes per thread per loop iteration:
+    16 tokens x head_dim x (K, V) x (anchor, residual) / 32 lanes (head_dim 96 runs 128 wide)."""
     sys.path.insert(0, ROOT)
     from rq_kernels import cuda
     from rq_kernels.decode_tc import KERNEL, OCCUPANCY, SOURCE, WARPS
 
     text = (cuda.CSRC / SOURCE).read_text()
     rows = []
-    for (path, r_bits, coef), (minb, stages) in itertools.product(
-            (("decode residual", 2, 1), ("decode anchor", 0, 0)), OCCUPANCY):
-        defines = dict(A_BITS=4, R_BITS=r_bits, GS=32, GQ=1, HAS_COEF=coef, WARPS=WARPS,
-                       MINB=minb, STAGES=stages)
-        cubin = cuda._compile(text, SOURCE, defines, "sm_90")  # noqa: SLF001 - same cache
-        rows.append(dict(case="ouro", path=path, kernel=KERNEL, options=defines,
-                         compiler="nvcc" if cuda.nvcc_path() else "nvrtc",
-                         codes_per_iter=16 * 128 * 2 * (2 if r_bits else 1) // 32,
-                         **_cubin_stats(cubin, tools)))
+    for case in cases:
+        hq, hkv, dim = CASES[case]
+        for (path, r_bits, coef), (minb, stages) in itertools.product(
+                (("decode residual", 2, 1), ("decode anchor", 0, 0)), OCCUPANCY):
+            defines = dict(HEAD_DIM=dim, A_BITS=4, R_BITS=r_bits, GS=32, GQ=hq // hkv,
+                           HAS_COEF=coef, WARPS=WARPS, MINB=minb, STAGES=stages)
+            cubin = cuda._compile(text, SOURCE, defines, "sm_90")  # noqa: SLF001 - same cache
+            rows.append(dict(case=case, path=path, kernel=KERNEL, options=defines,
+                             compiler="nvcc" if cuda.nvcc_path() else "nvrtc",
+                             codes_per_iter=16 * dim * 2 * (2 if r_bits else 1) // 32,
+                             **_cubin_stats(cubin, tools)))
     return rows
 
 
@@ -239,7 +241,8 @@ def main() -> None:
     os.unlink(f.name)
     with open(a.out) as fh:
         rows = json.load(fh)
-    rows += compile_cuda(os.path.join(a.triton_site, "triton", "backends", "nvidia", "bin"))
+    rows += compile_cuda(os.path.join(a.triton_site, "triton", "backends", "nvidia", "bin"),
+                         a.cases.split(","))
     with open(a.out, "w") as fh:
         json.dump(rows, fh, indent=1)
     for r in rows:

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from rq_kernels import cuda
-from rq_kernels._host import unsupported_reason
+from rq_kernels._host import next_pow2, unsupported_reason
 
 if TYPE_CHECKING:
     from rq_kernels.view import CompressedLayerView
 
 SOURCE = "rq_decode_tc.cu"
 KERNEL = "rq_decode_tc_split"
-HEAD_DIM = 128
+HEAD_DIMS = (64, 96, 128)  # head_dims served; 96 runs as 128 with a padding group (width)
 WARPS = 4  # (split, KV head) units per CTA (one warp each)
 TILE = 16  # history tokens per warp iteration
 # Occupancy shapes, (CTAs per SM = __launch_bounds__ MINB, tiles in flight per warp): 3 CTAs of
@@ -39,11 +39,25 @@ def tc_occupancy(units: int, num_sms: int) -> tuple[int, int]:
     return three if WARPS * three[0] * num_sms >= 2 * units else two
 
 
-def stage_bytes(anchor_bits: int, residual_bits: int) -> int:
+def width(head_dim: int) -> int:
+    """The kernel's width D at ``head_dim`` (the source's D): head_dim rounded up to a power of two,
+    so 64 or 128; it is also the row length of the split output MidO (the merge kernel's DP)."""
+    return next_pow2(head_dim)
+
+
+def stage_bytes(anchor_bits: int, residual_bits: int, head_dim: int) -> int:
     """Shared memory of one pipeline stage of one warp (the CUDA source's STAGE_BYTES): the codes
-    of K and V for 16 tokens, 4 x 16 (scale, offset) rows padded to 8 bytes, 2 x 16 32-bit
-    words holding the K and V LSQ coefficients."""
-    return 2 * TILE * 16 * (anchor_bits + residual_bits) + 4 * TILE * 8 + 2 * TILE * 4
+    of K and V for 16 tokens at the kernel's `width` (head_dim 96: pitch 128, 96 copied), 4 x 16
+    (scale, offset) rows padded to 8 bytes, 2 x 16 32-bit words holding the K and V LSQ
+    coefficients."""
+    d = width(head_dim)
+    return 2 * TILE * (d * (anchor_bits + residual_bits) // 8) + 4 * TILE * 8 + 2 * TILE * 4
+
+
+def code_chunk(head_dim: int, bits: int) -> int:
+    """Bytes of one cp.async of a (token, head)'s codes (the source's `code_chunk`): 16 where the
+    head_dim x bits / 8 code bytes are a multiple of 16, else 8 (head_dim 96 at 2 bits: 24)."""
+    return 16 if (head_dim * bits // 8) % 16 == 0 else 8
 
 
 class _Args(ctypes.Structure):
@@ -85,11 +99,12 @@ def _tc_unsupported_reason(view: CompressedLayerView, loop_id: int, group: int,
                            device: torch.device) -> str | None:
     """Why the tensor-core CUDA split kernel cannot serve attention over ``loop_id`` with
     ``group`` query heads per KV head on ``device`` (None if it can): a fused format, CUDA with
-    compute capability >= 8.9 (FP8 conversions), head_dim 128, 2- or 4-bit anchor, 0/2/4-bit
-    residual, group_size 32/64 with ``group * 128 / group_size <= 8``, code slices aligned
-    for vector loads, coefficient rows at an even bf16 stride, rows and row strides below
-    2^32, and the variant compiled and loaded (`rq_kernels.cuda.load_reason`: the
-    compile happens here, once)."""
+    compute capability >= 8.9 (FP8 conversions), head_dim in `HEAD_DIMS`, 2- or 4-bit anchor,
+    0/2/4-bit residual, group_size 32/64 giving at least two groups per `width` (head_dim 64
+    and 96: 32 only) with ``group * width / group_size <= 8`` MMA rows, the pool's code and
+    (scale, offset) rows aligned for the kernel's cp.async copies, coefficient rows at an even
+    bf16 stride, rows and row strides below 2^32, and the variant compiled and loaded
+    (`rq_kernels.cuda.load_reason`: the compile happens here, once)."""
     why = unsupported_reason(view)
     if why is not None:
         return why
@@ -99,25 +114,34 @@ def _tc_unsupported_reason(view: CompressedLayerView, loop_id: int, group: int,
         return "CUDA is not available"
     if torch.cuda.get_device_capability(device) < (8, 9):
         return "compute capability < 8.9"
-    if view.head_dim != HEAD_DIM:
-        return f"head_dim={view.head_dim} (the CUDA kernel is head_dim 128 only)"
-    gs = view.cfg.group_size
-    if gs not in (32, 64):  # (scale, offset) rows of >= 4 bytes for cp.async
-        return f"group_size={gs}"
-    if group * (HEAD_DIM // gs) > 8:
-        return f"{group} query heads x {HEAD_DIM // gs} groups > 8 MMA rows"
+    hd = view.head_dim
+    if hd not in HEAD_DIMS:
+        return f"head_dim={hd} (the CUDA kernel serves head_dim {'/'.join(map(str, HEAD_DIMS))})"
+    gs, d = view.cfg.group_size, width(hd)
+    if gs not in (32, 64) or hd % gs or d // gs < 2:
+        # (scale, offset) rows of >= 4 bytes for cp.async; a thread's two K columns one head's
+        return f"group_size={gs} at head_dim {hd} (CUDA kernel: 32, or 64 at head_dim 128)"
+    if group * (d // gs) > 8:
+        return f"{group} query heads x {d // gs} groups > 8 MMA rows"
     ac, aso, rc, rso, cf, a_bits, r_bits = _loop_tensors(view, loop_id)
     if a_bits not in (2, 4) or r_bits not in (0, 2, 4):
         return f"anchor {a_bits} / residual {r_bits} bits (CUDA kernel: 2/4 and 0/2/4)"
     for name, t, bits in (("anchor", ac, a_bits), ("residual", rc, r_bits)):
         if t is None:
             continue
-        align = 4 * bits  # bytes of one K slice load
+        align = code_chunk(hd, bits)
         if t.data_ptr() % align or any(s % align for s in t.stride()[:-1]):
             return f"{name} codes not aligned to {align} bytes"
-    for t in (aso, rso):  # (scale, offset) byte pairs are read as one 16-bit word
-        if t is not None and (t.data_ptr() % 2 or any(s % 2 for s in t.stride()[:-2])):
-            return "scale_offset pairs not 2-byte aligned"
+    for t in (aso, rso):
+        if t is None:
+            continue
+        # copied by cp.async as one row of 2 * groups bytes; head_dim 96 (6-byte rows): as the
+        # two aligned words holding it, at the same offset in them for every token of a head
+        align = 2 if hd == 96 else 2 * (hd // gs)
+        if t.data_ptr() % align or any(s % align for s in t.stride()[:-2]):
+            return f"scale_offset rows not {align}-byte aligned"
+        if hd == 96 and t.stride(0) % 4:
+            return "scale_offset row stride not a multiple of 4 bytes (head_dim 96)"
     # the kernel copies the aligned 32-bit word holding each bf16 coefficient and picks its half
     # once per KV head, so every row must keep the same half: an even row stride in elements
     if cf is not None and cf.stride(0) % 2:
@@ -138,21 +162,24 @@ def _variant(view: CompressedLayerView, loop_id: int, group: int, ctas_per_sm: i
     """The compile-time defines of the kernel serving ``loop_id`` in one `OCCUPANCY` shape and its
     dynamic shared memory per CTA (bytes)."""
     _, _, _, _, cf, a_bits, r_bits = _loop_tensors(view, loop_id)
-    defines = dict(A_BITS=a_bits, R_BITS=r_bits, GS=view.cfg.group_size, GQ=group,
-                   HAS_COEF=int(cf is not None), WARPS=WARPS, MINB=ctas_per_sm,
-                   STAGES=stages)
-    return defines, WARPS * stages * stage_bytes(a_bits, r_bits)
+    defines = dict(HEAD_DIM=view.head_dim, A_BITS=a_bits, R_BITS=r_bits,
+                   GS=view.cfg.group_size, GQ=group, HAS_COEF=int(cf is not None), WARPS=WARPS,
+                   MINB=ctas_per_sm, STAGES=stages)
+    return defines, WARPS * stages * stage_bytes(a_bits, r_bits, view.head_dim)
 
 
 def tc_split(q_rot: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
              view: CompressedLayerView, loop_id: int, num_kv_heads: int, qk_scale: float,
              num_splits: int, occupancy: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the split kernel in the `OCCUPANCY` shape ``occupancy`` (`tc_occupancy`):
-    ``q_rot`` ``[B, Hq, 128]`` fp32 (rotated basis, contiguous) ->
-    (MidO ``[B, Hq, S, 128]`` fp32 unnormalised, MidML ``[B, Hq, S, 2]`` fp32 (max in log2
-    units, sum)). Grid ``(cdiv(S * num_kv_heads, 4), B)`` CTAs of 4 warps, one (split, KV
-    head) per warp, KV head fastest."""
-    B, HQ, D = q_rot.shape
+    ``q_rot`` ``[B, Hq, head_dim]`` fp32 (rotated basis, contiguous) ->
+    (MidO ``[B, Hq, S, width(head_dim)]`` fp32 unnormalised (head_dim 96: columns 96-127 are
+    0), MidML ``[B, Hq, S, 2]`` fp32 (max in log2 units, sum)). Grid
+    ``(cdiv(S * num_kv_heads, 4), B)`` CTAs of 4 warps, one (split, KV head) per warp, KV head
+    fastest."""
+    B, HQ, hd = q_rot.shape
+    assert hd == view.head_dim and q_rot.is_contiguous(), "q_rot [B, Hq, head_dim] contiguous"
+    D = width(hd)
     dev = q_rot.device
     group = HQ // num_kv_heads
     ac, aso, rc, rso, cf, _, _ = _loop_tensors(view, loop_id)

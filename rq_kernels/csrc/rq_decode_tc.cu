@@ -4,14 +4,14 @@
 // (split, KV head) units of one request, KV head fastest (they share small reads in L1). Each
 // 16-token tile of the history runs two MMA phases (mma.sync m16n8k16, bf16 in, fp32 out):
 //
-//   K:  C_k[row, tok] = sum_k Qmask[row, k] * code[tok, k]      rows = (head, group) of the
-//       anchor (rows 0-7) and of the residual (rows 8-15); tokens on N (two n-tiles of 8).
+//   K:  C_k[tok, col] = sum_k code[tok, k] * Qmask[k, col]      tokens on M (rows g, 8 + g),
+//       one N column per (head, group) of the query masked to that group (K_STEPS steps of 16).
 //   V:  C_v[row, e]  += sum_tok W[row, tok] * code[tok, e]       W = p c s_a (rows 0-7) and
-//       p s_r (rows 8-15); elements on N (16 n-tiles of 8).
+//       p s_r (rows 8-15), row = (head, group); elements on N (D / 8 n-tiles of 8).
 //
-// The K accumulator fragment of a thread (row g, tokens 2t, 2t+1 of each n-tile) is exactly
-// the V A-operand fragment (row g, tokens 2t, 2t+1, 2t+8, 2t+9), so the logits become weights in
-// registers (FlashAttention-2's trick, with the roles of query and keys swapped per group).
+// A thread's K accumulators are tokens g, 8 + g of columns 2t, 2t + 1 (one head's groups); the
+// V A-operand fragment needs row g (head, group) at tokens 2t, 2t+1, 2t+8, 2t+9: four shuffles
+// move the head's logits there, and the weights are built in registers.
 //
 // Codes become bf16 with one LOP3 each (magic number 0x4300 = 128.0: a code c at bit position
 // pos of a 16-bit half reads as 128 + c * 2^pos). The 128 is never subtracted per element:
@@ -23,11 +23,19 @@
 // Output (rotated basis):    sum_g  (C_a - 128 SW_a) + (C_r - 128 SW_r) / 2^pos + sum p (c m_a + m_r)
 // (s, m: FP8 scale and offset of the group; c: LSQ coefficient; DESIGN.md section 2.)
 //
-// Compile-time parameters (nvcc -D...): A_BITS (2, 4), R_BITS (0, 2, 4), GS (32, 64),
-// GQ (query heads per KV head, GQ * 128 / GS <= 8), HAS_COEF (0, 1), WARPS (per CTA), MINB
-// (CTAs per SM), STAGES (tiles in flight per warp). head_dim is 128.
-// Writes the unnormalised split output MidO [B, HQ, S, 128] fp32 and MidML [B, HQ, S, 2]
-// (running max in log2 units, sum), the layout rq_decode_merge_kernel reduces.
+// Compile-time parameters (nvcc -D...): HEAD_DIM (64, 96, 128), A_BITS (2, 4), R_BITS (0, 2,
+// 4), GS (32, 64; 32 at head_dim 64 and 96), GQ (query heads per KV head, GQ * D / GS <= 8),
+// HAS_COEF (0, 1), WARPS (per CTA), MINB (CTAs per SM), STAGES (tiles in flight per warp).
+// The kernel's width D is HEAD_DIM rounded up to a power of two (64 or 128). head_dim 96 runs as
+// 128: a fourth, padding group whose query is zero (K) and whose outputs are written as 0 (V);
+// only the 96 elements' bytes are copied (the padding's shared memory is never written: any
+// bits unpack to a finite bf16, and they only meet a zero query or padding outputs), and the
+// padding columns of the K epilogue and rows of the V weights are masked by selects.
+// Each thread's K slice is D / 4 elements (K_STEPS = D / 16 MMAs), its V slice D / 8 elements
+// (D / 8 n-tiles); at D = 64 the same maps hold with half the steps and n-tiles.
+// Writes the unnormalised split output MidO [B, HQ, S, D] fp32 (head_dim 96: columns 96-127 are
+// 0) and MidML [B, HQ, S, 2] (running max in log2 units, sum), the layout
+// rq_decode_merge_kernel reduces (its DP = D).
 
 #ifdef __CUDACC_RTC__  // NVRTC (no system headers)
 typedef unsigned char uint8_t;
@@ -43,17 +51,26 @@ typedef unsigned long long uintptr_t;
 #include <math.h>
 #endif
 
-#define D 128
-#define TILE 16
-#if !defined(WARPS) || !defined(MINB) || !defined(STAGES)
-#error "WARPS, MINB and STAGES come from the launcher (rq_kernels/decode_tc.py: _variant)"
+#if !defined(HEAD_DIM) || !defined(WARPS) || !defined(MINB) || !defined(STAGES)
+#error "HEAD_DIM, WARPS, MINB and STAGES come from the launcher (rq_kernels/decode_tc.py: _variant)"
 #endif
-#define NG (D / GS)
+#define D (HEAD_DIM == 64 ? 64 : 128)  // the kernel's width (MMA K of the K side, MidO's row)
+#define TILE 16
+#define NG (D / GS)         // groups per row of width D (head_dim 96: the 4th is padding)
+#define NGR (HEAD_DIM / GS)  // real groups
 #define ROWS (GQ * NG)
+#define SL (D / 4)           // K: elements of one token's slice t (one thread's)
+#define K_STEPS (D / 16)     // K: m16n8k16 steps per tile and loop
+#define NT (D / 8)           // V: n-tiles; elements of one token's slice g (one thread's)
+#define PAD_ROW (HEAD_DIM == 96 && grp >= NGR)  // row g = (h, grp) is head_dim 96's padding
 
+static_assert(HEAD_DIM == 64 || HEAD_DIM == 96 || HEAD_DIM == 128, "HEAD_DIM");
 static_assert(A_BITS == 2 || A_BITS == 4, "A_BITS");
 static_assert(R_BITS == 0 || R_BITS == 2 || R_BITS == 4, "R_BITS");
 static_assert(GS == 32 || GS == 64, "GS");
+static_assert(HEAD_DIM % GS == 0, "GS divides HEAD_DIM");
+static_assert(NG >= 2, "a thread's two K columns (2t, 2t + 1) belong to one head");
+static_assert(HEAD_DIM != 96 || NG == 4, "head_dim 96: three groups of 32 and a padding one");
 static_assert(ROWS <= 8, "GQ * NG <= 8");
 
 // (x & mask) | magic in one LOP3: written as PTX with the magic in a register (with two
@@ -111,6 +128,7 @@ __device__ __forceinline__ float2 fp8x2(uint16_t v) {
 }
 
 template <int BYTES> struct Words;
+template <> struct Words<2> { uint32_t w[1]; };  // the low half
 template <> struct Words<4> { uint32_t w[1]; };
 template <> struct Words<8> { uint32_t w[2]; };
 template <> struct Words<16> { uint32_t w[4]; };
@@ -123,32 +141,35 @@ template <int BYTES> __device__ __forceinline__ Words<BYTES> load_words(const ui
   } else if constexpr (BYTES == 8) {
     uint2 v = *reinterpret_cast<const uint2*>(p);
     r.w[0] = v.x; r.w[1] = v.y;
-  } else {
+  } else if constexpr (BYTES == 4) {
     r.w[0] = *reinterpret_cast<const uint32_t*>(p);
+  } else {
+    r.w[0] = *reinterpret_cast<const uint16_t*>(p);
   }
   return r;
 }
 
-// K side: the 32-element slice t of one token -> 16 bf16x2 B-operand registers; register
+// K side: the SL-element slice t of one token -> SL / 2 bf16x2 A-operand registers; register
 // r = w * H + j holds slice elements (w * P + j, w * P + H + j) (P codes per word, H per half).
-template <int BITS> __device__ __forceinline__ void unpack_k(const Words<4 * BITS>& x, uint32_t* u,
-                                                         uint32_t magic) {
-  constexpr int H = 16 / BITS;
-#pragma unroll
-  for (int w = 0; w < BITS; ++w) unpack_word<BITS>(x.w[w], u + w * H, magic);
-}
-
-// V side: the 16-element slice g of tokens a and b -> 16 registers, register l holding
-// (token a, token b) of slice element l.
-template <int BITS> __device__ __forceinline__ void unpack_v(const Words<2 * BITS>& a,
-                                                             const Words<2 * BITS>& b,
+template <int BITS> __device__ __forceinline__ void unpack_k(const Words<SL * BITS / 8>& x,
                                                              uint32_t* u, uint32_t magic) {
   constexpr int H = 16 / BITS;
-  constexpr int NW = BITS / 2;  // words per slice
 #pragma unroll
-  for (int w = 0; w < NW; ++w) {
+  for (int w = 0; w < SL * BITS / 32; ++w) unpack_word<BITS>(x.w[w], u + w * H, magic);
+}
+
+// V side: the NT-element slice g of tokens a and b -> NT registers, register l holding
+// (token a, token b) of slice element l (16-bit half l / H of the slice, code l % H).
+template <int BITS> __device__ __forceinline__ void unpack_v(const Words<NT * BITS / 8>& a,
+                                                             const Words<NT * BITS / 8>& b,
+                                                             uint32_t* u, uint32_t magic) {
+  constexpr int H = 16 / BITS;
+  constexpr int NH = NT * BITS / 16;  // 16-bit halves per slice (1 at D = 64, 2 bits)
+#pragma unroll
+  for (int w = 0; w < (NH + 1) / 2; ++w) {
     unpack_word<BITS>(__byte_perm(a.w[w], b.w[w], 0x5410), u + w * 2 * H, magic);
-    unpack_word<BITS>(__byte_perm(a.w[w], b.w[w], 0x7632), u + w * 2 * H + H, magic);
+    if (2 * w + 1 < NH)
+      unpack_word<BITS>(__byte_perm(a.w[w], b.w[w], 0x7632), u + w * 2 * H + H, magic);
   }
 }
 
@@ -181,9 +202,12 @@ struct Args {
 //   K anchor codes [16][BA] | V anchor codes [16][BA] | K residual [16][BR] | V residual [16][BR]
 //   | (scale, offset) rows [4 kinds][16][8] (K anchor, V anchor, K residual, V residual)
 //   | LSQ coefficients [2 kinds (K, V)][16] as the aligned 32-bit word holding each bf16 value.
-#define BA (16 * A_BITS)  // code bytes per (token, head) of the anchor
-#define BR (16 * R_BITS)
-#define SB (NG * 2)       // (scale, offset) bytes per (token, head)
+// head_dim 96: the codes' pitch stays D wide (only the 96 elements' bytes are copied) and the
+// 6 (scale, offset) bytes of a row are copied as the two aligned 4-byte words holding them (a
+// row starts 0 or 2 bytes into them: so_offset).
+#define BA (D * A_BITS / 8)  // stage pitch of the anchor codes of one (token, head)
+#define BR (D * R_BITS / 8)
+#define SB (NG * 2)          // (scale, offset) bytes per (token, head) (head_dim 96: 8 copied)
 #define OFF_VA (TILE * BA)
 #define OFF_KR (2 * TILE * BA)
 #define OFF_VR (2 * TILE * BA + TILE * BR)
@@ -193,6 +217,11 @@ struct Args {
 // WARPS (per CTA), STAGES (tiles in flight per warp) and MINB (CTAs per SM, __launch_bounds__)
 // come from the launcher, which passes WARPS * STAGES * STAGE_BYTES of dynamic shared memory.
 static_assert(SB >= 4, "cp.async copies at least 4 bytes");
+
+// The pool bytes of one (token, head)'s codes and the cp.async chunk they are copied in (the
+// launcher checks the pool's pointers and strides for this alignment: `_code_chunk`).
+template <int BITS> __host__ __device__ constexpr int code_bytes() { return HEAD_DIM * BITS / 8; }
+template <int BITS> __host__ __device__ constexpr int code_chunk() { return code_bytes<BITS>() % 16 == 0 ? 16 : 8; }
 
 template <int BYTES> __device__ __forceinline__ void cp_async_n(uint32_t dst, const void* src) {
   if constexpr (BYTES == 16)
@@ -211,28 +240,41 @@ __device__ __forceinline__ int64_t row_off(int64_t slot, int64_t stride) {
   return (int64_t)((uint64_t)(uint32_t)slot * (uint32_t)stride);
 }
 
+// One (scale, offset) row of the pool at so into the stage row at dst (8 bytes).
+__device__ __forceinline__ void issue_so(uint32_t dst, const uint8_t* so) {
+#if HEAD_DIM == 96
+  const uint8_t* w = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(so) & ~uintptr_t(3));
+  cp_async_n<4>(dst, w);  // both words hold bytes of the row: no fault past its tensor
+  cp_async_n<4>(dst + 4, w + 4);
+#else
+  cp_async_n<SB>(dst, so);
+#endif
+}
+
 // Gather tile [n, n + 16) of this warp into the stage at shared address st. Lane: token
-// lane & 15, half lane >> 4 (alternate 16-byte chunks; (scale, offset) rows and coefficients:
+// lane & 15, half lane >> 4 (alternate code chunks; (scale, offset) rows and coefficients:
 // half 0 the anchor's / K's, half 1 the residual's / V's). slot: this lane's token's pool row
 // (0 past hi).
 __device__ __forceinline__ void issue_tile(const Args& A, int hk, uint32_t st, int lane,
                                            int64_t slot) {
   const int tok = lane & 15, half = lane >> 4;
   const uint8_t* ac = A.ac + hk * A.ac_h + row_off(slot, A.ac_r);
+  constexpr int CA = code_chunk<A_BITS>(), NA = code_bytes<A_BITS>() / CA;
 #pragma unroll
-  for (int c = 0; c < BA / 16; c += 2) {
-    if (c + half < BA / 16) {
-      cp_async_n<16>(st + tok * BA + (c + half) * 16, ac + (c + half) * 16);
-      cp_async_n<16>(st + OFF_VA + tok * BA + (c + half) * 16, ac + A.ac_kv + (c + half) * 16);
+  for (int c = 0; c < NA; c += 2) {
+    if (c + half < NA) {
+      cp_async_n<CA>(st + tok * BA + (c + half) * CA, ac + (c + half) * CA);
+      cp_async_n<CA>(st + OFF_VA + tok * BA + (c + half) * CA, ac + A.ac_kv + (c + half) * CA);
     }
   }
 #if R_BITS > 0
   const uint8_t* rc = A.rc + hk * A.rc_h + row_off(slot, A.rc_r);
+  constexpr int CR = code_chunk<R_BITS>(), NR = code_bytes<R_BITS>() / CR;
 #pragma unroll
-  for (int c = 0; c < BR / 16; c += 2) {
-    if (c + half < BR / 16) {
-      cp_async_n<16>(st + OFF_KR + tok * BR + (c + half) * 16, rc + (c + half) * 16);
-      cp_async_n<16>(st + OFF_VR + tok * BR + (c + half) * 16, rc + A.rc_kv + (c + half) * 16);
+  for (int c = 0; c < NR; c += 2) {
+    if (c + half < NR) {
+      cp_async_n<CR>(st + OFF_KR + tok * BR + (c + half) * CR, rc + (c + half) * CR);
+      cp_async_n<CR>(st + OFF_VR + tok * BR + (c + half) * CR, rc + A.rc_kv + (c + half) * CR);
     }
   }
 #endif
@@ -245,15 +287,28 @@ __device__ __forceinline__ void issue_tile(const Args& A, int hk, uint32_t st, i
 #endif
   if (half == 0) {
     const uint8_t* so = A.aso + hk * A.aso_h + row_off(slot, A.aso_r);
-    cp_async_n<SB>(st + OFF_SO + (0 * TILE + tok) * 8, so);
-    cp_async_n<SB>(st + OFF_SO + (1 * TILE + tok) * 8, so + A.aso_kv);
+    issue_so(st + OFF_SO + (0 * TILE + tok) * 8, so);
+    issue_so(st + OFF_SO + (1 * TILE + tok) * 8, so + A.aso_kv);
   } else {
 #if R_BITS > 0
     const uint8_t* so = A.rso + hk * A.rso_h + row_off(slot, A.rso_r);
-    cp_async_n<SB>(st + OFF_SO + (2 * TILE + tok) * 8, so);
-    cp_async_n<SB>(st + OFF_SO + (3 * TILE + tok) * 8, so + A.rso_kv);
+    issue_so(st + OFF_SO + (2 * TILE + tok) * 8, so);
+    issue_so(st + OFF_SO + (3 * TILE + tok) * 8, so + A.rso_kv);
 #endif
   }
+}
+
+// Where a stage's (scale, offset) row of kind (0-3) starts in its 8 bytes: 0, except at
+// head_dim 96 (6-byte rows), where it is the pool row's address mod 4: the same for every token
+// of this warp, as the launcher checks that the row stride is a multiple of 4.
+__device__ __forceinline__ int so_offset(const Args& A, int hk, int kind) {
+#if HEAD_DIM == 96
+  const uint8_t* so = kind < 2 ? A.aso + hk * A.aso_h + (kind & 1) * A.aso_kv
+                               : A.rso + hk * A.rso_h + (kind & 1) * A.rso_kv;
+  return (int)(reinterpret_cast<uintptr_t>(so) & 3);
+#else
+  return 0;
+#endif
 }
 
 __device__ __forceinline__ int64_t tile_slot(const Args& A, int64_t base, int n, int hi,
@@ -270,13 +325,21 @@ __device__ __forceinline__ float coef_of(const uint8_t* stp, int kind, int tok, 
   return __uint_as_float((w >> shift) << 16);
 }
 
-__device__ __forceinline__ uint16_t so_pair(const uint8_t* stp, int kind, int tok, int grp) {
-  return *reinterpret_cast<const uint16_t*>(stp + OFF_SO + (kind * TILE + tok) * 8 + grp * 2);
+// The (scale, offset) pair of group grp; off: `so_offset` of the kind.
+__device__ __forceinline__ uint16_t so_pair(const uint8_t* stp, int kind, int tok, int grp,
+                                            int off) {
+  return *reinterpret_cast<const uint16_t*>(stp + OFF_SO + (kind * TILE + tok) * 8 + off + grp * 2);
 }
 
-// The (scale, offset) pairs of groups cg and cg + 1 (cg even) as one 32-bit word.
-__device__ __forceinline__ uint32_t so_word(const uint8_t* stp, int kind, int tok, int cg) {
+// The (scale, offset) pairs of groups cg and cg + 1 (cg even) as one 32-bit word (head_dim 96:
+// group 3 is padding, its bits are whatever follows the row).
+__device__ __forceinline__ uint32_t so_word(const uint8_t* stp, int kind, int tok, int cg,
+                                            int off) {
+#if HEAD_DIM == 96
+  return so_pair(stp, kind, tok, cg, off) | (uint32_t)so_pair(stp, kind, tok, cg + 1, off) << 16;
+#else
   return *reinterpret_cast<const uint32_t*>(stp + OFF_SO + (kind * TILE + tok) * 8 + cg * 2);
+#endif
 }
 
 template <int BYTES> __device__ __forceinline__ Words<BYTES> lds_words(const uint8_t* p) {
@@ -287,14 +350,15 @@ template <int BYTES> __device__ __forceinline__ Words<BYTES> lds_words(const uin
 // pitch bytes apart): x = C[tok g | 8 + g][cols 2t, 2t + 1] of A = codes (tokens on M), B = the
 // masked query fragments qf.
 template <int BITS> __device__ __forceinline__ void k_dots(const uint8_t* k, int pitch, int g, int t,
-                                                         const uint32_t (&qf)[8][2], uint32_t magic,
-                                                         float (&x)[4]) {
-  uint32_t u0[16], u1[16];
-  unpack_k<BITS>(lds_words<4 * BITS>(k + g * pitch + t * (4 * BITS)), u0, magic);
-  unpack_k<BITS>(lds_words<4 * BITS>(k + (8 + g) * pitch + t * (4 * BITS)), u1, magic);
+                                                         const uint32_t (&qf)[K_STEPS][2],
+                                                         uint32_t magic, float (&x)[4]) {
+  constexpr int KB = SL * BITS / 8;  // bytes of one token's slice
+  uint32_t u0[SL / 2], u1[SL / 2];
+  unpack_k<BITS>(lds_words<KB>(k + g * pitch + t * KB), u0, magic);
+  unpack_k<BITS>(lds_words<KB>(k + (8 + g) * pitch + t * KB), u1, magic);
   x[0] = x[1] = x[2] = x[3] = 0.f;
 #pragma unroll
-  for (int s = 0; s < 8; ++s)
+  for (int s = 0; s < K_STEPS; ++s)
     mma_bf16(x, u0[2 * s], u1[2 * s], u0[2 * s + 1], u1[2 * s + 1], qf[s][0], qf[s][1]);
 }
 
@@ -319,22 +383,24 @@ rq_decode_tc_split(const Args A) {
   const int hi = min(lo + per_split, seq);
 
   // ---- this thread's rows: g = (head h, group grp) when g < ROWS; its K slice t is group gt
-  const int gt = (32 * t) / GS;
+  // (head_dim 96: group 3, slice 3 and rows (h, 3) are padding: PAD_ROW)
+  const int gt = (SL * t) / GS;
   const int grp = g % NG;
   const int h = g / NG;
   const bool row_ok = g < ROWS;
-  const bool a_rows = row_ok && grp == gt;  // this thread's query slice feeds row g
+  const bool a_rows = row_ok && grp == gt && (HEAD_DIM != 96 || gt < NGR);  // slice t feeds row g
 
   // ---- query fragments (pre-divided by 2^pos) and the folds 128 * sum q, sum q per row
-  uint32_t qa[8][2];
+  uint32_t qa[K_STEPS][2];
 #if R_BITS > 0
-  uint32_t qr[8][2];
+  uint32_t qr[K_STEPS][2];
 #endif
   float fold_a = 0.f, fold_r = 0.f, qsum = 0.f;
   {
-    const float* qh = A.q + ((int64_t)b * A.num_qo_heads + hk * GQ + (row_ok ? h : 0)) * D + 32 * t;
+    const float* qh =
+        A.q + ((int64_t)b * A.num_qo_heads + hk * GQ + (row_ok ? h : 0)) * HEAD_DIM + SL * t;
 #pragma unroll
-    for (int r = 0; r < 16; ++r) {
+    for (int r = 0; r < SL / 2; ++r) {
       float v[2];
 #if R_BITS > 0
       float w[2];
@@ -378,9 +444,9 @@ rq_decode_tc_split(const Args A) {
   // the lane (of quad 0) whose columns belong to this thread's V head h
   const int src_t = (h * NG) / 2 < 4 ? (h * NG) / 2 : 0;
 
-  float cv[16][4];
+  float cv[NT][4];
 #pragma unroll
-  for (int l = 0; l < 16; ++l) cv[l][0] = cv[l][1] = cv[l][2] = cv[l][3] = 0.f;
+  for (int l = 0; l < NT; ++l) cv[l][0] = cv[l][1] = cv[l][2] = cv[l][3] = 0.f;
   float m_run = -INFINITY, l_run = 0.f, sw_a = 0.f, sw_r = 0.f, m_off = 0.f;
 
   extern __shared__ __align__(16) uint8_t smem[];  // [WARPS][STAGES][STAGE_BYTES]
@@ -426,7 +492,7 @@ rq_decode_tc_split(const Args A) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int tk = 8 * j + g;
-      const uint32_t ska = so_word(stp, 0, tk, cg);
+      const uint32_t ska = so_word(stp, 0, tk, cg, so_offset(A, hk, 0));
 #if HAS_COEF
       const float c_k = coef_of(stp, 0, tk, sh_k);
 #else
@@ -438,10 +504,10 @@ rq_decode_tc_split(const Args A) {
         const float2 sa = fp8x2((uint16_t)(ska >> (16 * c)));
         float v = c_k * (sa.x * (xa[2 * j + c] - cf_a[c]) + sa.y * cq[c]);
 #if R_BITS > 0
-        const float2 sr = fp8x2((uint16_t)(so_word(stp, 2, tk, cg) >> (16 * c)));
+        const float2 sr = fp8x2((uint16_t)(so_word(stp, 2, tk, cg, so_offset(A, hk, 2)) >> (16 * c)));
         v += sr.x * (xr[2 * j + c] - cf_r[c]) + sr.y * cq[c];
 #endif
-        acc += col_ok ? v : 0.f;
+        acc += col_ok && (HEAD_DIM != 96 || cg + c < NGR) ? v : 0.f;  // 96: not group 3
       }
       if (NG == 4) acc += __shfl_xor_sync(0xffffffffu, acc, 1);
       lg[j] = (col_ok && n + tk < hi) ? acc * A.qk_scale : -INFINITY;
@@ -457,7 +523,7 @@ rq_decode_tc_split(const Args A) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       qk[i] = __shfl_sync(0xffffffffu, lg[i >> 1], 4 * (2 * t + (i & 1)) + src_t);
-      if (!row_ok) qk[i] = -INFINITY;
+      if (!row_ok || PAD_ROW) qk[i] = -INFINITY;
 #if HAS_COEF
       cvv[i] = coef_of(stp, 1, 2 * t + (i & 1) + 8 * (i >> 1), sh_v);
 #else
@@ -470,7 +536,7 @@ rq_decode_tc_split(const Args A) {
       const float m_new = fmaxf(m_run, mt);
       const float f = m_new == -INFINITY ? 1.f : exp2f(m_run - m_new);
 #pragma unroll
-      for (int l = 0; l < 16; ++l) {
+      for (int l = 0; l < NT; ++l) {
         cv[l][0] *= f; cv[l][1] *= f; cv[l][2] *= f; cv[l][3] *= f;
       }
       l_run *= f; sw_a *= f; sw_r *= f; m_off *= f;
@@ -486,11 +552,11 @@ rq_decode_tc_split(const Args A) {
     for (int i = 0; i < 4; ++i) {
       const float p = qk[i] == -INFINITY ? 0.f : exp2f(qk[i] - m_run);
       const int tk = 2 * t + (i & 1) + 8 * (i >> 1);
-      const float2 sa = fp8x2(so_pair(stp, 1, tk, grp));
+      const float2 sa = fp8x2(so_pair(stp, 1, tk, PAD_ROW ? 0 : grp, so_offset(A, hk, 1)));
       wa[i] = p * cvv[i] * sa.x;
       float off = cvv[i] * sa.y;
 #if R_BITS > 0
-      const float2 sr = fp8x2(so_pair(stp, 3, tk, grp));
+      const float2 sr = fp8x2(so_pair(stp, 3, tk, PAD_ROW ? 0 : grp, so_offset(A, hk, 3)));
       wr[i] = p * sr.x;
       off += sr.y;
 #endif
@@ -504,26 +570,29 @@ rq_decode_tc_split(const Args A) {
     sw_r += bf16_lo(wr01) + bf16_hi(wr01) + bf16_lo(wr89) + bf16_hi(wr89);
 #endif
 
-    // ---- V: 16 n-tiles of 8 elements; column c of n-tile l is element 16 c + l
+    // ---- V: NT n-tiles of 8 elements; column c of n-tile l is element NT c + l (B column g:
+    // this thread's slice g of NT elements)
     {
-      uint32_t u01[16], u89[16];
-      Words<2 * A_BITS> va[4];
+      uint32_t u01[NT], u89[NT];
+      constexpr int VA = NT * A_BITS / 8;  // bytes of one token's slice
+      Words<VA> va[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        va[i] = lds_words<2 * A_BITS>(stp + OFF_VA + (2 * t + (i & 1) + 8 * (i >> 1)) * BA + g * (2 * A_BITS));
+        va[i] = lds_words<VA>(stp + OFF_VA + (2 * t + (i & 1) + 8 * (i >> 1)) * BA + g * VA);
       unpack_v<A_BITS>(va[0], va[1], u01, magic);
       unpack_v<A_BITS>(va[2], va[3], u89, magic);
 #pragma unroll
-      for (int l = 0; l < 16; ++l) mma_bf16(cv[l], wa01, 0u, wa89, 0u, u01[l], u89[l]);
+      for (int l = 0; l < NT; ++l) mma_bf16(cv[l], wa01, 0u, wa89, 0u, u01[l], u89[l]);
 #if R_BITS > 0
-      Words<2 * R_BITS> vr[4];
+      constexpr int VR = NT * R_BITS / 8;
+      Words<VR> vr[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        vr[i] = lds_words<2 * R_BITS>(stp + OFF_VR + (2 * t + (i & 1) + 8 * (i >> 1)) * BR + g * (2 * R_BITS));
+        vr[i] = lds_words<VR>(stp + OFF_VR + (2 * t + (i & 1) + 8 * (i >> 1)) * BR + g * VR);
       unpack_v<R_BITS>(vr[0], vr[1], u01, magic);
       unpack_v<R_BITS>(vr[2], vr[3], u89, magic);
 #pragma unroll
-      for (int l = 0; l < 16; ++l) mma_bf16(cv[l], 0u, wr01, 0u, wr89, u01[l], u89[l]);
+      for (int l = 0; l < NT; ++l) mma_bf16(cv[l], 0u, wr01, 0u, wr89, u01[l], u89[l]);
 #endif
     }
   }
@@ -540,10 +609,10 @@ rq_decode_tc_split(const Args A) {
   if (row_ok) {
     float* o = A.mid_o + row * D;
 #pragma unroll
-    for (int l = 0; l < 16; ++l) {
+    for (int l = 0; l < NT; ++l) {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const int e = 16 * (2 * t + c) + l;
+        const int e = NT * (2 * t + c) + l;
         if (e / GS != grp) continue;
         constexpr int HA = 16 / A_BITS;
         float v = (cv[l][c] - 128.f * sw_a) * pos_scale<A_BITS>(l % HA);
@@ -551,7 +620,7 @@ rq_decode_tc_split(const Args A) {
         constexpr int HR = 16 / R_BITS;
         v += (cv[l][2 + c] - 128.f * sw_r) * pos_scale<R_BITS>(l % HR);
 #endif
-        o[e] = v + m_off;
+        o[e] = PAD_ROW ? 0.f : v + m_off;  // head_dim 96: the padding columns are 0
       }
     }
     if (grp == 0 && t == 0) {

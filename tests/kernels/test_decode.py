@@ -140,6 +140,17 @@ TC_CASES = [  # the tensor-core CUDA split kernel, forced, on awkward sizes and 
      [50, 301], "cfg", (0, 2)),
     ("a2_norot_gqa4_g64", RQConfig(rotation="none", group_size=64, anchor_bits=2), 4, 2, 4, 128,
      [129, 5], "cfg", (0, 3)),
+    # head_dim 64 (SmolLM2: 3 KV heads, GQA 3, group 32; GQA 2 with a random rotation)
+    ("smollm_d64_gqa3", RQConfig(), 4, 3, 3, 64, [1, 15, 17, 1000, 2049, 0], "cfg", (0, 1, 3)),
+    ("d64_gqa2_rand_r4", RQConfig(residual_bits=4), 4, 2, 2, 64, [777, 1, 33], "rand", (0, 2)),
+    ("d64_a2_norot_gqa4", RQConfig(rotation="none", anchor_bits=2), 3, 1, 4, 64, [129, 5],
+     "cfg", (0, 2)),
+    # head_dim 96 (Huginn: MHA, group 32; runs as 128 with a padding group): odd KV head counts
+    # (6-byte (scale, offset) rows at both offsets in their words), lengths off the 16-token tile
+    ("huginn_d96", RQConfig(), 4, 5, 1, 96, [1, 15, 17, 97, 1000, 4097, 0], "cfg", (0, 1, 3)),
+    ("d96_gqa2_rand_a2", RQConfig(anchor_bits=2), 4, 3, 2, 96, [301, 5, 33], "rand", (0, 3)),
+    ("d96_first_nolsq_r4", RQConfig(anchor="first", lsq=False, residual_bits=4), 3, 3, 1, 96,
+     [50, 301], "cfg", (0, 2)),
 ]
 
 
@@ -153,14 +164,27 @@ def test_decode_tc_kernel(name, cfg, loops, hkv, group, dim, lens, rot, loop_ids
          launch=DecodeLaunch(split_kernel="tc", num_splits=3))
 
 
+D80 = RQConfig(rotation="none", group_size=16)  # head_dim 80: no Hadamard, 16 | 80
+
+
 def test_decode_tc_refuses_what_it_cannot_serve(device):
-    """The CUDA split kernel names why it cannot serve a call (here: head_dim 64, or CPU)."""
-    view, ind, idx, _ = build(RQConfig(), loops=2, num_kv_heads=1, group=1, dim=64, lens=[5],
+    """The CUDA split kernel names why it cannot serve a call (here: head_dim 80, group size 16
+    or 64 at head_dim 64, GQA 3 at head_dim 96 (12 MMA rows), or CPU)."""
+    cpu = "cpu tensors (the CUDA kernel runs on CUDA only)"
+    for cfg, dim, group, want in (
+            (D80, 80, 1, "head_dim=80 (the CUDA kernel serves head_dim 64/96/128)"),
+            (RQConfig(group_size=16), 64, 1,
+             "group_size=16 at head_dim 64 (CUDA kernel: 32, or 64 at head_dim 128)"),
+            (RQConfig(group_size=64), 64, 1,
+             "group_size=64 at head_dim 64 (CUDA kernel: 32, or 64 at head_dim 128)"),
+            (RQConfig(), 96, 3, "3 query heads x 4 groups > 8 MMA rows")):
+        view, *_ = build(cfg, loops=2, num_kv_heads=1, group=group, dim=dim, lens=[5],
+                         rot="cfg", device=device, seed=25)
+        assert tc_unsupported_reason(view, 0, group, torch.device(device)) == (
+            want if device == "cuda" else cpu)
+    view, ind, idx, _ = build(D80, loops=2, num_kv_heads=1, group=1, dim=80, lens=[5],
                               rot="cfg", device=device, seed=25)
-    why = tc_unsupported_reason(view, 0, 1, torch.device(device))
-    assert why == ("head_dim=64 (the CUDA kernel is head_dim 128 only)" if device == "cuda"
-                   else "cpu tensors (the CUDA kernel runs on CUDA only)")
-    q, kc, vc = queries(1, 1, 1, 64, device=device, seed=25)
+    q, kc, vc = queries(1, 1, 1, 80, device=device, seed=25)
     with pytest.raises(ValueError, match=r"decode_attention \(tc\) cannot serve this call"):
         decode_attention(q, kc, vc, view, 0, ind, idx, sm_scale=0.125,
                          launch=DecodeLaunch(split_kernel="tc"))

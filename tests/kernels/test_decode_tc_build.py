@@ -12,7 +12,9 @@ import re
 import pytest
 
 from rq_kernels import cuda
-from rq_kernels.decode_tc import OCCUPANCY, SOURCE, WARPS, _Args, stage_bytes, tc_occupancy
+from rq_kernels.decode_tc import (
+    HEAD_DIMS, OCCUPANCY, SOURCE, WARPS, _Args, stage_bytes, tc_occupancy, width,
+)
 
 TEXT = (cuda.CSRC / SOURCE).read_text()
 
@@ -41,31 +43,49 @@ def test_argument_struct_mirror_matches_the_cuda_source():
         assert pytype is want, f"{name}: C {ctype} vs ctypes {pytype}"
 
 
+def _eval_macro(name: str, env: dict) -> int:
+    """The source's macro ``name`` expanded with ``env`` (the -D defines) and evaluated (C's
+    ``a ? b : c`` as Python's conditional)."""
+    defs = dict(re.findall(r"^#define (\w+) (.+?)\s*(?://.*)?$", TEXT, re.M))
+    expr = name
+    for _ in range(10):  # expand macros
+        expr = re.sub(r"\b([A-Z_]+)\b", lambda m: str(env.get(m.group(1), defs.get(
+            m.group(1), m.group(1)))), expr)
+    expr = re.sub(r"\(([^()?]+)\?([^():]+):([^()]+)\)", r"((\2) if (\1) else (\3))", expr)
+    return int(eval(expr))  # noqa: S307 - arithmetic on the source's own macros
+
+
 def test_stage_bytes_mirror_matches_the_cuda_source():
-    """STAGE_BYTES of the source, evaluated for each bit pair, equals `stage_bytes`."""
-    defs = {k: v.strip() for k, v in re.findall(r"#define (\w+) ([^/\n]+)", TEXT)}
-
-    def ev(expr: str, env: dict) -> int:
-        for _ in range(10):  # expand macros
-            expr = re.sub(r"\b([A-Z_]+)\b", lambda m: str(env.get(m.group(1), defs.get(
-                m.group(1), m.group(1)))), expr)
-        return int(eval(expr))  # noqa: S307 - arithmetic on the source's own macros
-
-    for a, r in ((4, 2), (4, 0), (4, 4), (2, 2), (2, 0)):
-        env = dict(A_BITS=a, R_BITS=r, GS=32, TILE=16, D=128)
-        assert ev("STAGE_BYTES", env) == stage_bytes(a, r)
+    """STAGE_BYTES and D of the source, evaluated for each bit pair and head_dim, equal
+    `stage_bytes` and `width`."""
+    for hd, (a, r) in itertools.product(HEAD_DIMS, ((4, 2), (4, 0), (4, 4), (2, 2), (2, 0))):
+        env = dict(HEAD_DIM=hd, A_BITS=a, R_BITS=r, GS=32)
+        assert _eval_macro("D", env) == width(hd)
+        assert _eval_macro("STAGE_BYTES", env) == stage_bytes(a, r, hd)
 
 
-VARIANTS = [dict(A_BITS=a, R_BITS=r, GS=gs, GQ=gq, HAS_COEF=coef, WARPS=WARPS, MINB=minb,
-                 STAGES=stages)
-            for a, r, gs, gq, coef, (minb, stages) in itertools.product(
-                (2, 4), (0, 2, 4), (32, 64), (1, 2, 4), (0, 1), OCCUPANCY)
-            if gq * 128 // gs <= 8 and not (coef and r == 0 and a == 2)]
+VARIANTS = [dict(HEAD_DIM=hd, A_BITS=a, R_BITS=r, GS=gs, GQ=gq, HAS_COEF=coef, WARPS=WARPS,
+                 MINB=minb, STAGES=stages)
+            for hd, a, r, gs, gq, coef, (minb, stages) in itertools.product(
+                HEAD_DIMS, (2, 4), (0, 2, 4), (32, 64), (1, 2, 3, 4), (0, 1), OCCUPANCY)
+            if hd % gs == 0 and width(hd) // gs >= 2 and gq * width(hd) // gs <= 8
+            and not (coef and r == 0 and a == 2)]
+# every fifth, the last, and the shapes of SmolLM2 (64, GQA 3) and Huginn (96, MHA) in the
+# default format (4-bit anchor, 2-bit residual with LSQ coefficients) and anchor-only
+SHAPES = [d for d in VARIANTS if (d["HEAD_DIM"], d["GQ"]) in ((64, 3), (96, 1))
+          and d["GS"] == 32 and d["A_BITS"] == 4 and d["R_BITS"] in (0, 2)
+          and d["HAS_COEF"] == int(d["R_BITS"] > 0)]
+
+
+def test_the_variants_cover_every_head_dim():
+    assert {d["HEAD_DIM"] for d in VARIANTS[::5]} == set(HEAD_DIMS)
+    assert len(SHAPES) == 2 * 2 * len(OCCUPANCY)
 
 
 @pytest.mark.skipif(cuda.nvrtc_path() is None, reason="libnvrtc not installed")
-@pytest.mark.parametrize("defines", VARIANTS[::5] + [VARIANTS[-1]],
-                         ids=lambda d: "a{A_BITS}r{R_BITS}g{GS}q{GQ}c{HAS_COEF}m{MINB}".format(**d))
+@pytest.mark.parametrize(
+    "defines", VARIANTS[::5] + [VARIANTS[-1]] + SHAPES,
+    ids=lambda d: "d{HEAD_DIM}a{A_BITS}r{R_BITS}g{GS}q{GQ}c{HAS_COEF}m{MINB}".format(**d))
 def test_every_requested_variant_compiles(defines):
     cubin = cuda.compile_nvrtc(TEXT, SOURCE, defines, "sm_90")
     assert cubin[:4] == b"\x7fELF"

@@ -1,0 +1,312 @@
+"""The CUDA tensor-core split kernel's index maps, emulated lane by lane in Python (no GPU).
+
+`_tile` mirrors `csrc/rq_decode_tc.cu` for one warp and one 16-token tile: the shared-memory
+stage (codes at the kernel's width with junk in head_dim 96's padding bytes, (scale, offset)
+rows at their offset in the two copied words, junk around them, FP8 NaN bytes included), the
+per-lane code unpacking (LOP3 with the 0x4300 magic, PRMT interleave), the query fragments and
+folds, the m16n8k16 fragment layouts of both MMA phases, the shuffles between them and the
+epilogue. It checks, for head_dim 64, 96 and 128, that the logits and the unnormalised output
+equal a direct computation over the dequantized codes, that every output element of every row
+is written exactly once (head_dim 96: the padding columns 96-127 as 0), and that no query
+element past head_dim is read. The arithmetic is float64 without the kernel's bf16 roundings:
+this checks which element meets which, not rounding. Keep it in step with the .cu.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+import torch
+
+NAN = float("nan")
+INF = float("inf")
+
+
+def _fp8(byte: int) -> float:
+    return torch.tensor([byte], dtype=torch.uint8).view(torch.float8_e4m3fn).float().item()
+
+
+def _bf16(bits: int) -> float:
+    return torch.tensor([bits << 16], dtype=torch.int32).view(torch.float32).item()
+
+
+def _shift(j: int, bits: int) -> int:
+    return 4 * j if bits == 4 else (0 if j < 3 else (6 if j < 6 else 12))
+
+
+def _pos(j: int, bits: int) -> int:
+    return 0 if bits == 4 else 2 * j - _shift(j, 2)
+
+
+def _unpack_word(x: int, bits: int) -> list[tuple[float, float]]:
+    """unpack_word: register j = (lo half, hi half) as bf16 values 128 + code * 2^pos."""
+    out = []
+    for j in range(16 // bits):
+        m = ((1 << bits) - 1) << _pos(j, bits)
+        r = ((x >> _shift(j, bits)) & (m | m << 16)) | 0x43004300
+        out.append((_bf16(r & 0xFFFF), _bf16(r >> 16)))
+    return out
+
+
+def _words(buf: bytes, off: int, n: int) -> list[int]:
+    """load_words<n>: little-endian 32-bit words (n = 2: one zero-extended 16-bit half)."""
+    return [int.from_bytes(buf[off + 4 * w: off + min(4 * w + 4, n)], "little")
+            for w in range(max(1, n // 4))]
+
+
+def _perm(a: int, b: int, sel: int) -> int:
+    """__byte_perm for the two selectors the kernel uses."""
+    if sel == 0x5410:
+        return (a & 0xFFFF) | (b & 0xFFFF) << 16
+    return (a >> 16) | (b >> 16) << 16
+
+
+def _mma(a_frag, b_frag):
+    """m16n8k16: a_frag[lane] = 4 (lo, hi) pairs, b_frag[lane] = 2 pairs -> C fragments."""
+    A = [[0.0] * 16 for _ in range(16)]
+    B = [[0.0] * 8 for _ in range(16)]
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        for i, (r, k) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8))):
+            A[r][k], A[r][k + 1] = a_frag[lane][i]
+        for i, k in enumerate((2 * t, 2 * t + 8)):
+            B[k][g], B[k + 1][g] = b_frag[lane][i]
+    C = [[sum(A[m][k] * B[k][n] for k in range(16)) for n in range(8)] for m in range(16)]
+    return [(C[g][2 * t], C[g][2 * t + 1], C[g + 8][2 * t], C[g + 8][2 * t + 1])
+            for g, t in ((lane >> 2, lane & 3) for lane in range(32))]
+
+
+def _tile(hd, gs, gq, a_bits, r_bits, hi, seed):
+    rng = random.Random(seed)
+    d = 64 if hd == 64 else 128
+    ng, ngr, rows = d // gs, hd // gs, gq * (d // gs)
+    sl, nt = d // 4, d // 8
+    assert ng >= 2 and rows <= 8
+    kinds = [(a_bits, 0), (a_bits, 1)] + ([(r_bits, 0), (r_bits, 1)] if r_bits else [])
+    # pool values: codes [kind][tok][e], (scale, offset) bytes [kind][tok][group]
+    code = [[[rng.randrange(1 << b) for _ in range(hd)] for _ in range(16)] for b, _ in kinds]
+    so_b = [[[(rng.choice((0x30, 0x38, 0x41, 0xB8)), rng.choice((0x28, 0xA9, 0x00)))
+              for _ in range(ngr)] for _ in range(16)] for _ in kinds]
+    coef = [[rng.choice((1.0, 0.75, 1.25)) for _ in range(16)] for _ in range(2)]
+    q = [[rng.uniform(-1, 1) for _ in range(hd)] for _ in range(gq)]
+    # the stage: codes at pitch d * bits / 8 (only hd's bytes copied; junk past them), the
+    # (scale, offset) rows at offset off in 8 bytes (head_dim 96: 0 or 2), NaN/junk around
+    stage_codes, so_rows, offs = [], [], []
+    for k, (b, _) in enumerate(kinds):
+        pitch, nbytes = d * b // 8, hd * b // 8
+        buf = bytearray(rng.randrange(256) for _ in range(16 * pitch))
+        for tok in range(16):
+            v = sum(c << (b * e) for e, c in enumerate(code[k][tok]))
+            buf[tok * pitch: tok * pitch + nbytes] = v.to_bytes(nbytes, "little")
+        stage_codes.append(bytes(buf))
+        off = rng.choice((0, 2)) if hd == 96 else 0
+        offs.append(off)
+        rws = []
+        for tok in range(16):
+            row = bytearray(rng.choice((0x7F, 0xFF, 0x5A)) for _ in range(16))
+            for grp in range(ngr):
+                row[off + 2 * grp: off + 2 * grp + 2] = bytes(so_b[k][tok][grp])
+            rws.append(bytes(row))  # 8 bytes of the stage row and what follows it
+        so_rows.append(rws)
+
+    def so_pair(k, tok, grp):
+        byts = so_rows[k][tok][offs[k] + 2 * grp: offs[k] + 2 * grp + 2]
+        return _fp8(byts[0]), _fp8(byts[1])
+
+    def so_word(k, tok, cg):  # groups cg, cg + 1 (head_dim 96: two 16-bit reads)
+        return so_pair(k, tok, cg), so_pair(k, tok, cg + 1)
+
+    def k_elem(r, half, bits):
+        h = 16 // bits
+        return (r // h) * (32 // bits) + half * h + r % h
+
+    qk_scale = 0.37
+    lanes = range(32)
+    # ---- query fragments and folds per lane (loop 0: anchor, 1: residual)
+    qf = [[None] * 32 for _ in range(2)]
+    fold = [[0.0] * 32 for _ in range(2)]
+    qsum = [0.0] * 32
+    for lane in lanes:
+        g, t = lane >> 2, lane & 3
+        gt, grp, h = sl * t // gs, g % ng, g // ng
+        row_ok = g < rows
+        a_rows = row_ok and grp == gt and (hd != 96 or gt < ngr)
+        for lp, b in enumerate((a_bits, r_bits)):
+            if not b:
+                continue
+            regs = []
+            for r in range(sl // 2):
+                pair = []
+                for half in range(2):
+                    e = sl * t + k_elem(r, half, b)
+                    if a_rows:
+                        assert e < hd, "query read past head_dim"
+                    x = q[h][e] if a_rows else 0.0
+                    pair.append(x / 2 ** _pos(r % (16 // b), b))
+                    if lp == 0:
+                        qsum[lane] += x
+                regs.append(tuple(pair))
+                fold[lp][lane] += 128 * sum(pair)
+            qf[lp][lane] = [(regs[2 * s], regs[2 * s + 1]) for s in range(sl // 4)]
+    quad = lambda v: [sum(v[4 * (lane >> 2) + i] for i in range(4)) for lane in lanes]  # noqa: E731
+    fold = [quad(f) for f in fold]
+    qsum = quad(qsum)
+    # ---- K dots (tokens on M) per loop
+    x = []
+    for lp, b in enumerate((a_bits, r_bits)):
+        if not b:
+            x.append(None)
+            continue
+        kb, buf, pitch = sl * b // 8, stage_codes[2 * lp], d * b // 8
+        acc = [[0.0] * 4 for _ in lanes]
+        u = {}
+        for lane in lanes:
+            g, t = lane >> 2, lane & 3
+            u[lane] = [sum((_unpack_word(w, b) for w in _words(buf, tok * pitch + t * kb, kb)), [])
+                       for tok in (g, 8 + g)]
+        for s in range(sl // 4):
+            c = _mma({lane: (u[lane][0][2 * s], u[lane][1][2 * s], u[lane][0][2 * s + 1],
+                             u[lane][1][2 * s + 1]) for lane in lanes},
+                     {lane: qf[lp][lane][s] for lane in lanes})
+            for lane in lanes:
+                acc[lane] = [a + v for a, v in zip(acc[lane], c[lane])]
+        x.append(acc)
+    # ---- logits of head ht for tokens g, 8 + g
+    lg = [[0.0, 0.0] for _ in lanes]
+    for lane in lanes:
+        g, t = lane >> 2, lane & 3
+        cg, col_ok = (2 * t) % ng, 2 * t < rows
+        for j in range(2):
+            tk, acc = 8 * j + g, 0.0
+            for c in range(2):
+                src = 4 * (2 * t + c)
+                sa = so_word(0, tk, cg)[c]
+                v = coef[0][tk] * (sa[0] * (x[0][lane][2 * j + c] - fold[0][src]) + sa[1] * qsum[src])
+                if r_bits:
+                    sr = so_word(2, tk, cg)[c]
+                    v += sr[0] * (x[1][lane][2 * j + c] - fold[1][src]) + sr[1] * qsum[src]
+                acc += v if col_ok and (hd != 96 or cg + c < ngr) else 0.0
+            lg[lane][j] = acc
+    if ng == 4:
+        lg = [[a + b for a, b in zip(lg[lane], lg[lane ^ 1])] for lane in lanes]
+    for lane in lanes:
+        g, t = lane >> 2, lane & 3
+        for j in range(2):
+            lg[lane][j] = lg[lane][j] * qk_scale if 2 * t < rows and 8 * j + g < hi else -INF
+    # tile max per head, the logits moved to the V fragments, weights
+    mt = [max(lg[lane]) for lane in lanes]
+    for m in (4, 8, 16):
+        mt = [max(mt[lane], mt[lane ^ m]) for lane in lanes]
+    wa, wr, l_run, m_off, sw = {}, {}, [0.0] * 32, [0.0] * 32, [[0.0] * 32, [0.0] * 32]
+    for lane in lanes:
+        g, t = lane >> 2, lane & 3
+        grp, h = g % ng, g // ng
+        row_ok, pad = g < rows, hd == 96 and grp >= ngr
+        src_t = h * ng // 2 if h * ng // 2 < 4 else 0
+        m_run = mt[src_t] if row_ok else -INF
+        wa[lane], wr[lane] = [], []
+        for i in range(4):
+            qk = lg[4 * (2 * t + (i & 1)) + src_t][i >> 1]
+            if not row_ok or pad:
+                qk = -INF
+            p = 0.0 if qk == -INF else 2 ** (qk - m_run)
+            tk = 2 * t + (i & 1) + 8 * (i >> 1)
+            sa = so_pair(1, tk, 0 if pad else grp)
+            wa[lane].append(p * coef[1][tk] * sa[0])
+            off = coef[1][tk] * sa[1]
+            if r_bits:
+                sr = so_pair(3, tk, 0 if pad else grp)
+                wr[lane].append(p * sr[0])
+                off += sr[1]
+            l_run[lane] += p
+            m_off[lane] += p * off
+        sw[0][lane] = sum(wa[lane])
+        sw[1][lane] = sum(wr[lane])
+    # ---- V: n-tile l, column c -> element nt * c + l
+    cv = [[[0.0] * 4 for _ in range(nt)] for _ in lanes]
+    for lp, b in enumerate((a_bits, r_bits)):
+        if not b:
+            continue
+        vb, buf, pitch, nh = nt * b // 8, stage_codes[2 * lp + 1], d * b // 8, nt * b // 16
+        u = {}
+        for lane in lanes:
+            g, t = lane >> 2, lane & 3
+            va = [_words(buf, (2 * t + (i & 1) + 8 * (i >> 1)) * pitch + g * vb, vb)
+                  for i in range(4)]
+            pair = []
+            for a_, b_ in ((va[0], va[1]), (va[2], va[3])):
+                regs = []
+                for w in range((nh + 1) // 2):
+                    regs += _unpack_word(_perm(a_[w], b_[w], 0x5410), b)
+                    if 2 * w + 1 < nh:
+                        regs += _unpack_word(_perm(a_[w], b_[w], 0x7632), b)
+                pair.append(regs)
+            u[lane] = pair
+        z = (0.0, 0.0)
+        for l_ in range(nt):
+            frag = {lane: ((tuple(wa[lane][0:2]), z, tuple(wa[lane][2:4]), z) if lp == 0 else
+                           (z, tuple(wr[lane][0:2]), z, tuple(wr[lane][2:4]))) for lane in lanes}
+            c = _mma(frag, {lane: (u[lane][0][l_], u[lane][1][l_]) for lane in lanes})
+            for lane in lanes:
+                cv[lane][l_] = [a + v for a, v in zip(cv[lane][l_], c[lane])]
+    l_run, m_off, sw = quad(l_run), quad(m_off), [quad(s) for s in sw]
+    out = [[None] * d for _ in range(gq)]
+    writes = [[0] * d for _ in range(gq)]
+    ml = {}
+    for lane in lanes:
+        g, t = lane >> 2, lane & 3
+        grp, h = g % ng, g // ng
+        if g >= rows:
+            continue
+        for l_, c in itertools.product(range(nt), range(2)):
+            e = nt * (2 * t + c) + l_
+            if e // gs != grp:
+                continue
+            v = (cv[lane][l_][c] - 128 * sw[0][lane]) / 2 ** _pos(l_ % (16 // a_bits), a_bits)
+            if r_bits:
+                v += (cv[lane][l_][2 + c] - 128 * sw[1][lane]) / 2 ** _pos(l_ % (16 // r_bits),
+                                                                          r_bits)
+            out[h][e] = 0.0 if hd == 96 and grp >= ngr else v + m_off[lane]
+            writes[h][e] += 1
+        if grp == 0 and t == 0:
+            ml[h] = l_run[lane]
+    # ---- the direct computation over the dequantized codes
+    def deq(k, tok, e):  # kind k's value of element e (anchor: times the LSQ coefficient)
+        s, m = (_fp8(v) for v in so_b[k][tok][e // gs])
+        return s * code[k][tok][e] + m
+
+    for h in range(gq):
+        logit = []
+        for tok in range(hi):
+            kv = [coef[0][tok] * deq(0, tok, e) + (deq(2, tok, e) if r_bits else 0.0)
+                  for e in range(hd)]
+            logit.append(qk_scale * sum(a * b for a, b in zip(q[h], kv)))
+        m = max(logit)
+        p = [2 ** (lv - m) for lv in logit]
+        assert math.isclose(ml[h], sum(p), rel_tol=1e-9)
+        assert all(n == 1 for n in writes[h]), f"head {h}: writes {writes[h]}"
+        for e in range(d):
+            if e >= hd:
+                assert out[h][e] == 0.0
+                continue
+            want = sum(p[tok] * (coef[1][tok] * deq(1, tok, e) + (deq(3, tok, e) if r_bits
+                                                                  else 0.0))
+                       for tok in range(hi))
+            assert math.isclose(out[h][e], want, rel_tol=1e-9, abs_tol=1e-9), (h, e, out[h][e],
+                                                                                 want)
+
+
+CASES = [  # head_dim, group_size, query heads per KV head, anchor bits, residual bits, tokens
+    (64, 32, 3, 4, 2, 16), (64, 32, 2, 2, 4, 11), (64, 32, 4, 2, 0, 16), (64, 32, 1, 4, 4, 3),
+    (96, 32, 1, 4, 2, 16), (96, 32, 2, 2, 2, 9), (96, 32, 1, 2, 0, 16), (96, 32, 2, 4, 4, 1),
+    (128, 32, 1, 4, 2, 16), (128, 64, 4, 2, 4, 7), (128, 32, 2, 4, 0, 16),
+]
+
+
+@pytest.mark.parametrize("hd,gs,gq,a_bits,r_bits,hi", CASES,
+                         ids=["d{}g{}q{}a{}r{}n{}".format(*c) for c in CASES])
+def test_tc_index_maps_cover_every_element_once(hd, gs, gq, a_bits, r_bits, hi):
+    _tile(hd, gs, gq, a_bits, r_bits, hi, seed=hd * 7 + gq * 3 + a_bits + r_bits + hi)
