@@ -7,7 +7,8 @@
 //   K:  C_k[tok, col] = sum_k code[tok, k] * Qmask[k, col]      tokens on M (rows g, 8 + g),
 //       one N column per (head, group) of the query masked to that group (K_STEPS steps of 16).
 //   V:  C_v[row, e]  += sum_tok W[row, tok] * code[tok, e]       W = p c s_a (rows 0-7) and
-//       p s_r (rows 8-15), row = (head, group); elements on N (D / 8 n-tiles of 8).
+//       p s_r (rows 8-15), row = (head, group); elements on N (D / 8 n-tiles of 8). Without a
+//       residual (R_BITS 0) rows 8-15 hold W_a - bf16(W_a), the anchor weights' bf16 remainder.
 //
 // A thread's K accumulators are tokens g, 8 + g of columns 2t, 2t + 1 (one head's groups); the
 // V A-operand fragment needs row g (head, group) at tokens 2t, 2t+1, 2t+8, 2t+9: four shuffles
@@ -567,8 +568,15 @@ rq_decode_tc_split(const Args A) {
     sw_a += bf16_lo(wa01) + bf16_hi(wa01) + bf16_lo(wa89) + bf16_hi(wa89);
 #if R_BITS > 0
     const uint32_t wr01 = pack_bf16(wr[0], wr[1]), wr89 = pack_bf16(wr[2], wr[3]);
-    sw_r += bf16_lo(wr01) + bf16_hi(wr01) + bf16_lo(wr89) + bf16_hi(wr89);
+#else
+    // anchor-only loop: rows 8-15 of the V MMA are free, so they carry the bf16 remainder
+    // W - bf16(W) of the weights (exact in fp32): W reaches the MMA to ~16 bits at no extra MMA.
+    // bf16(W) alone errs by up to 2^-9 W code, not 2^-9 W (code + m / s): in a group with a
+    // large offset (an outlier's range) that is several times bf16 SDPA's error.
+    const uint32_t wr01 = pack_bf16(wa[0] - bf16_lo(wa01), wa[1] - bf16_hi(wa01));
+    const uint32_t wr89 = pack_bf16(wa[2] - bf16_lo(wa89), wa[3] - bf16_hi(wa89));
 #endif
+    sw_r += bf16_lo(wr01) + bf16_hi(wr01) + bf16_lo(wr89) + bf16_hi(wr89);
 
     // ---- V: NT n-tiles of 8 elements; column c of n-tile l is element NT c + l (B column g:
     // this thread's slice g of NT elements)
@@ -581,8 +589,13 @@ rq_decode_tc_split(const Args A) {
         va[i] = lds_words<VA>(stp + OFF_VA + (2 * t + (i & 1) + 8 * (i >> 1)) * BA + g * VA);
       unpack_v<A_BITS>(va[0], va[1], u01, magic);
       unpack_v<A_BITS>(va[2], va[3], u89, magic);
+#if R_BITS > 0
 #pragma unroll
       for (int l = 0; l < NT; ++l) mma_bf16(cv[l], wa01, 0u, wa89, 0u, u01[l], u89[l]);
+#else  // rows 8-15: the weights' bf16 remainder, over the same anchor codes
+#pragma unroll
+      for (int l = 0; l < NT; ++l) mma_bf16(cv[l], wa01, wr01, wa89, wr89, u01[l], u89[l]);
+#endif
 #if R_BITS > 0
       constexpr int VR = NT * R_BITS / 8;
       Words<VR> vr[4];
@@ -619,6 +632,8 @@ rq_decode_tc_split(const Args A) {
 #if R_BITS > 0
         constexpr int HR = 16 / R_BITS;
         v += (cv[l][2 + c] - 128.f * sw_r) * pos_scale<R_BITS>(l % HR);
+#else  // the remainder rows (anchor codes)
+        v += (cv[l][2 + c] - 128.f * sw_r) * pos_scale<A_BITS>(l % HA);
 #endif
         o[e] = PAD_ROW ? 0.f : v + m_off;  // head_dim 96: the padding columns are 0
       }

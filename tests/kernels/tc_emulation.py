@@ -1,0 +1,359 @@
+"""A NumPy emulation of `csrc/rq_decode_tc.cu` (the split kernel) with the kernel's roundings:
+bf16 query fragments, bf16 V weights, fp32 MMA accumulation, lazy rescaling, the folds. Lane
+by lane (arrays over the 32 lanes of a warp), one warp per (request, KV head, split); plus the
+merge (`rq_decode_merge_kernel`, without rotation) in fp32. head_dim 64 and 128 only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+F32 = np.float32
+LANES = np.arange(32)
+G, T = LANES >> 2, LANES & 3
+
+
+def bf16r(x):
+    """fp32 -> bf16 (round to nearest even) as fp32 values."""
+    u = np.asarray(x, F32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return (r & 0xFFFFFFFF).astype(np.uint32).view(F32)
+
+
+def bits_bf16(x):
+    return (bf16r(x).view(np.uint32) >> 16).astype(np.uint32)
+
+
+def from_bf16_bits(b):
+    return (np.asarray(b, np.uint32) << 16).astype(np.uint32).view(F32)
+
+
+_FP8 = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float().numpy()
+
+
+def fp8(b):
+    return _FP8[np.asarray(b, np.int64)].astype(F32)
+
+
+def shift(j, bits):
+    return 4 * j if bits == 4 else (0 if j < 3 else (6 if j < 6 else 12))
+
+
+def pos(j, bits):
+    return 0 if bits == 4 else 2 * j - shift(j, 2)
+
+
+def unpack_word(x, bits):
+    """x uint32 array -> list of H (lo, hi) fp32 value pairs (128 + code * 2^pos)."""
+    out = []
+    x = np.asarray(x, np.uint64)
+    for j in range(16 // bits):
+        m = ((1 << bits) - 1) << pos(j, bits)
+        r = ((x >> shift(j, bits)) & (m | (m << 16))) | 0x43004300
+        r = r.astype(np.uint32)
+        out.append((from_bf16_bits(r & 0xFFFF), from_bf16_bits(r >> 16)))
+    return out
+
+
+def mma(c, a, b):
+    """c [32, 4] fp32; a: 4 x (lo, hi) arrays [32]; b: 2 x (lo, hi). Returns new c."""
+    A = np.zeros((16, 16), np.float64)
+    B = np.zeros((16, 8), np.float64)
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        for i, (r, k) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8))):
+            A[r, k], A[r, k + 1] = a[i][0][lane], a[i][1][lane]
+        for i, k in enumerate((2 * t, 2 * t + 8)):
+            B[k, g], B[k + 1, g] = b[i][0][lane], b[i][1][lane]
+    C = A @ B  # products exact, one rounding of the 16-term sum (to fp32 below)
+    out = np.empty((32, 4), F32)
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        d = (C[g, 2 * t], C[g, 2 * t + 1], C[g + 8, 2 * t], C[g + 8, 2 * t + 1])
+        for i in range(4):
+            out[lane, i] = F32(F32(d[i]) + c[lane, i])
+    return out
+
+
+def words(buf, offs, nbytes):
+    """load_words<nbytes> at byte offsets offs [32] of buf (uint8) -> list of uint32 [32]."""
+    res = []
+    for w in range(max(1, nbytes // 4)):
+        n = min(4, nbytes - 4 * w)
+        v = np.zeros(32, np.uint64)
+        for k in range(n):
+            v |= buf[offs + 4 * w + k].astype(np.uint64) << (8 * k)
+        res.append(v.astype(np.uint32))
+    return res
+
+
+def perm(a, b, sel):
+    a = a.astype(np.uint64)
+    b = b.astype(np.uint64)
+    if sel == 0x5410:
+        return ((a & 0xFFFF) | ((b & 0xFFFF) << 16)).astype(np.uint32)
+    return ((a >> 16) | ((b >> 16) << 16)).astype(np.uint32)
+
+
+def shfl(v, src):
+    return v[np.broadcast_to(src, (32,))]
+
+
+def xor(v, m):
+    return v[LANES ^ m]
+
+
+def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_bits, r_bits,
+                 qk_scale, num_splits, num_qo_heads, lazy=True, round_w=True, w_split=True):
+    """w_split: the anchor-only loop (r_bits 0) carries the bf16 remainder of its V weights in
+    the MMA's rows 8-15 (the fix); False mirrors the kernel before it. Returns mid_o [B, HQ, S, D], mid_ml [B, HQ, S, 2] (numpy fp32)."""
+    ac, aso, rc, rso, cf = tensors  # numpy: codes [rows, 2, H, bytes], so [rows, 2, H, NG, 2], cf [rows, 2, H] fp32
+    hd = head_dim
+    D = 64 if hd == 64 else 128
+    assert hd == D
+    NG, SL, K_STEPS, NT = D // gs, D // 4, D // 16, D // 8
+    ROWS = gq * NG
+    HA = 16 // a_bits
+    B = len(kv_indptr) - 1
+    hkv = num_qo_heads // gq
+    mid_o = np.full((B, num_qo_heads, num_splits, D), np.nan, F32)
+    mid_ml = np.full((B, num_qo_heads, num_splits, 2), np.nan, F32)
+    gt = (SL * T) // gs
+    grp = G % NG
+    h = G // NG
+    row_ok = G < ROWS
+    a_rows = row_ok & (grp == gt)
+    cg = (2 * T) % NG
+    col_ok = 2 * T < ROWS
+    src_t = np.where((h * NG) // 2 < 4, (h * NG) // 2, 0)
+
+    def k_elem(r, half, bits):
+        H = 16 // bits
+        return (r // H) * (32 // bits) + half * H + r % H
+
+    for b in range(B):
+        base = int(kv_indptr[b])
+        seq = int(kv_indptr[b + 1]) - base
+        per_split = ((seq + num_splits - 1) // num_splits + 15) // 16 * 16
+        for hk in range(hkv):
+            # query fragments per lane
+            qrow = q_rot[b, hk * gq + np.where(row_ok, h, 0)]  # [32, hd]
+            nq = K_STEPS
+            qa = [[None, None] for _ in range(nq)]
+            qr = [[None, None] for _ in range(nq)]
+            fold_a = np.zeros(32, F32)
+            fold_r = np.zeros(32, F32)
+            qsum = np.zeros(32, F32)
+            for r in range(SL // 2):
+                v = [None, None]
+                w = [None, None]
+                for half in range(2):
+                    e = SL * T + k_elem(r, half, a_bits)
+                    x = np.where(a_rows, bf16r(qrow[LANES, e]), F32(0))
+                    v[half] = (x * F32(1.0 / (1 << pos(r % HA, a_bits)))).astype(F32)
+                    qsum = (qsum + x).astype(F32)
+                    if r_bits:
+                        e2 = SL * T + k_elem(r, half, r_bits)
+                        y = np.where(a_rows, bf16r(qrow[LANES, e2]), F32(0))
+                        w[half] = (y * F32(1.0 / (1 << pos(r % (16 // r_bits), r_bits)))).astype(F32)
+                qa[r // 2][r % 2] = (bf16r(v[0]), bf16r(v[1]))
+                fold_a = (fold_a + F32(128) * (v[0] + v[1])).astype(F32)
+                if r_bits:
+                    qr[r // 2][r % 2] = (bf16r(w[0]), bf16r(w[1]))
+                    fold_r = (fold_r + F32(128) * (w[0] + w[1])).astype(F32)
+            for m in (1, 2):
+                fold_a = fold_a + xor(fold_a, m)
+                fold_r = fold_r + xor(fold_r, m)
+                qsum = qsum + xor(qsum, m)
+            cf_a = [shfl(fold_a, 4 * (2 * T + c)) for c in range(2)]
+            cf_r = [shfl(fold_r, 4 * (2 * T + c)) for c in range(2)]
+            cq = [shfl(qsum, 4 * (2 * T + c)) for c in range(2)]
+            for split in range(num_splits):
+                lo = split * per_split
+                hi = min(lo + per_split, seq)
+                ntiles = (hi - lo + 15) // 16 if lo < hi else 0
+                cv = np.zeros((NT, 32, 4), F32)
+                m_run = np.full(32, -np.inf, F32)
+                l_run = np.zeros(32, F32)
+                sw_a = np.zeros(32, F32)
+                sw_r = np.zeros(32, F32)
+                m_off = np.zeros(32, F32)
+                for it in range(ntiles):
+                    n = lo + it * 16
+                    toks = n + np.arange(16)
+                    slots = np.where(toks < hi, kv_indices[base + np.minimum(toks, seq - 1)], 0)
+                    # stage buffers: codes [16, pitch], so [kind][16][4 bytes]
+                    ka = ac[slots, 0, hk].reshape(-1)
+                    va = ac[slots, 1, hk].reshape(-1)
+                    ska = aso[slots, 0, hk].reshape(16, -1)  # [16, NG*2]
+                    sva = aso[slots, 1, hk].reshape(16, -1)
+                    if r_bits:
+                        kr = rc[slots, 0, hk].reshape(-1)
+                        vr_ = rc[slots, 1, hk].reshape(-1)
+                        skr = rso[slots, 0, hk].reshape(16, -1)
+                        svr = rso[slots, 1, hk].reshape(16, -1)
+                    if cf is not None:
+                        ck = cf[slots, 0, hk]
+                        cvf = cf[slots, 1, hk]
+
+                    def k_dots(buf, bits, qf):
+                        KB = SL * bits // 8
+                        pitch = D * bits // 8
+                        u = []
+                        for tok in (G, 8 + G):
+                            regs = []
+                            for wd in words(buf, tok * pitch + T * KB, KB):
+                                regs += unpack_word(wd, bits)
+                            u.append(regs)
+                        x = np.zeros((32, 4), F32)
+                        for s in range(K_STEPS):
+                            x = mma(x, (u[0][2 * s], u[1][2 * s], u[0][2 * s + 1], u[1][2 * s + 1]),
+                                    (qf[s][0], qf[s][1]))
+                        return x
+
+                    xa = k_dots(ka, a_bits, qa)
+                    if r_bits:
+                        xr = k_dots(kr, r_bits, qr)
+                    lg = []
+                    for j in range(2):
+                        tk = 8 * j + G
+                        c_k = ck[tk] if cf is not None else np.ones(32, F32)
+                        acc = np.zeros(32, F32)
+                        for c in range(2):
+                            sx = fp8(ska[tk, 2 * (cg + c)])
+                            sy = fp8(ska[tk, 2 * (cg + c) + 1])
+                            v = c_k * (sx * (xa[:, 2 * j + c] - cf_a[c]) + sy * cq[c])
+                            if r_bits:
+                                rx = fp8(skr[tk, 2 * (cg + c)])
+                                ry = fp8(skr[tk, 2 * (cg + c) + 1])
+                                v = v + rx * (xr[:, 2 * j + c] - cf_r[c]) + ry * cq[c]
+                            acc = acc + np.where(col_ok, v, F32(0)).astype(F32)
+                        if NG == 4:
+                            acc = acc + xor(acc, 1)
+                        lg.append(np.where(col_ok & (n + tk < hi), acc * F32(qk_scale), -np.inf).astype(F32))
+                    mt = np.maximum(lg[0], lg[1])
+                    for m in (4, 8, 16):
+                        mt = np.maximum(mt, xor(mt, m))
+                    mt = shfl(mt, src_t)
+                    qk = []
+                    cvv = []
+                    for i in range(4):
+                        v = shfl(lg[i >> 1], 4 * (2 * T + (i & 1)) + src_t)
+                        qk.append(np.where(row_ok, v, -np.inf).astype(F32))
+                        tk = 2 * T + (i & 1) + 8 * (i >> 1)
+                        cvv.append(cvf[tk] if cf is not None else np.ones(32, F32))
+                    mt = np.where(row_ok, mt, -np.inf)
+                    thr = 8.0 if lazy else 0.0
+                    if np.any(mt > m_run + thr):
+                        m_new = np.maximum(m_run, mt)
+                        with np.errstate(invalid="ignore"):
+                            f = np.where(m_new == -np.inf, F32(1), np.exp2(m_run - m_new)).astype(F32)
+                        cv *= f[None, :, None]
+                        l_run *= f
+                        sw_a *= f
+                        sw_r *= f
+                        m_off *= f
+                        m_run = m_new.astype(F32)
+                    wa, wr = [], []
+                    for i in range(4):
+                        with np.errstate(invalid="ignore"):
+                            p = np.where(qk[i] == -np.inf, F32(0), np.exp2(qk[i] - m_run)).astype(F32)
+                        tk = 2 * T + (i & 1) + 8 * (i >> 1)
+                        sx = fp8(sva[tk, 2 * grp])
+                        sy = fp8(sva[tk, 2 * grp + 1])
+                        wa.append((p * cvv[i] * sx).astype(F32))
+                        off = cvv[i] * sy
+                        if r_bits:
+                            rx = fp8(svr[tk, 2 * grp])
+                            ry = fp8(svr[tk, 2 * grp + 1])
+                            wr.append((p * rx).astype(F32))
+                            off = off + ry
+                        l_run = l_run + p
+                        m_off = (m_off + p * off).astype(F32)
+                    rw = bf16r if round_w else (lambda z: z)
+                    wa_raw = wa
+                    wa = [rw(z) for z in wa]
+                    sw_a = (sw_a + wa[0] + wa[1] + wa[2] + wa[3]).astype(F32)
+                    if r_bits:
+                        wr = [rw(z) for z in wr]
+                        sw_r = (sw_r + wr[0] + wr[1] + wr[2] + wr[3]).astype(F32)
+                    elif w_split:  # rows 8-15: the bf16 remainder of the anchor weights
+                        wr = [bf16r((w_ - r_).astype(F32)) for w_, r_ in zip(wa_raw, wa)]
+                        sw_r = (sw_r + wr[0] + wr[1] + wr[2] + wr[3]).astype(F32)
+                    zero = (np.zeros(32, F32), np.zeros(32, F32))
+
+                    def v_regs(buf, bits):
+                        VB = NT * bits // 8
+                        pitch = D * bits // 8
+                        NH = NT * bits // 16
+                        vv = [words(buf, (2 * T + (i & 1) + 8 * (i >> 1)) * pitch + G * VB, VB)
+                              for i in range(4)]
+                        out = []
+                        for a_, b_ in ((vv[0], vv[1]), (vv[2], vv[3])):
+                            regs = []
+                            for w_ in range((NH + 1) // 2):
+                                regs += unpack_word(perm(a_[w_], b_[w_], 0x5410), bits)
+                                if 2 * w_ + 1 < NH:
+                                    regs += unpack_word(perm(a_[w_], b_[w_], 0x7632), bits)
+                            out.append(regs)
+                        return out
+
+                    u01, u89 = v_regs(va, a_bits)
+                    lo01, lo89 = ((wr[0], wr[1]), (wr[2], wr[3])) if (not r_bits and w_split) else (zero, zero)
+                    for li in range(NT):
+                        cv[li] = mma(cv[li], ((wa[0], wa[1]), lo01, (wa[2], wa[3]), lo89),
+                                    (u01[li], u89[li]))
+                    if r_bits:
+                        u01, u89 = v_regs(vr_, r_bits)
+                        for li in range(NT):
+                            cv[li] = mma(cv[li], (zero, (wr[0], wr[1]), zero, (wr[2], wr[3])),
+                                        (u01[li], u89[li]))
+                for m in (1, 2):
+                    l_run = l_run + xor(l_run, m)
+                    sw_a = sw_a + xor(sw_a, m)
+                    sw_r = sw_r + xor(sw_r, m)
+                    m_off = m_off + xor(m_off, m)
+                for lane in range(32):
+                    g, t = lane >> 2, lane & 3
+                    if g >= ROWS:
+                        continue
+                    hh, gr = g // NG, g % NG
+                    for li in range(NT):
+                        for c in range(2):
+                            e = NT * (2 * t + c) + li
+                            if e // gs != gr:
+                                continue
+                            v = F32(cv[li, lane, c] - F32(128) * sw_a[lane]) * F32(1.0 / (1 << pos(li % HA, a_bits)))
+                            if r_bits:
+                                HR = 16 // r_bits
+                                v += F32(cv[li, lane, 2 + c] - F32(128) * sw_r[lane]) * F32(1.0 / (1 << pos(li % HR, r_bits)))
+                            else:  # 0 unless w_split
+                                v += F32(cv[li, lane, 2 + c] - F32(128) * sw_r[lane]) * F32(1.0 / (1 << pos(li % HA, a_bits)))
+                            mid_o[b, hk * gq + hh, split, e] = v + m_off[lane]
+                    if gr == 0 and t == 0:
+                        mid_ml[b, hk * gq + hh, split, 0] = m_run[lane] if lo < hi else -1e30
+                        mid_ml[b, hk * gq + hh, split, 1] = l_run[lane]
+    return mid_o, mid_ml
+
+
+def merge(q, k_cur, v_cur, mid_o, mid_ml, qk_scale, gq):
+    """rq_decode_merge_kernel without rotation, fp32 (returns fp32, before the bf16 store)."""
+    B, HQ, S, D = mid_o.shape
+    out = np.empty((B, HQ, D), F32)
+    for b in range(B):
+        for hq in range(HQ):
+            m = mid_ml[b, hq, :, 0]
+            ls = mid_ml[b, hq, :, 1]
+            mm = m.max()
+            a = np.exp2(m - mm).astype(F32)
+            acc = (mid_o[b, hq] * a[:, None]).sum(0)
+            lr = (ls * a).sum()
+            s_cur = F32(np.dot(q[b, hq].astype(F32), k_cur[b, hq // gq].astype(F32)) * qk_scale)
+            mn = max(mm, s_cur)
+            ao = np.exp2(mm - mn)
+            pc = np.exp2(s_cur - mn)
+            acc = acc * ao + v_cur[b, hq // gq] * pc
+            lr = lr * ao + pc
+            out[b, hq] = acc / lr
+    return out
