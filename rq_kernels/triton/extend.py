@@ -8,7 +8,10 @@ import triton.language as tl
 from rq_kernels.triton.common import gqa_rows, rotate_rows, to_bf16
 
 
-@triton.jit
+# NOTE: the chunk-dependent integers are not specialised (Triton would compile a variant per
+# divisibility of the row count and of FlashAttention's LSE strides: seconds of JIT stalls at a
+# serving system's first chunks of each length class).
+@triton.jit(do_not_specialize=["rows", "s_lk", "s_lr", "s_mt", "s_mh"])
 def rq_extend_merge_kernel(
     Op, s_pk, s_pr,  # prefix output [Hkv, T * GQ, D] rotated basis, bf16 or fp32; row t * GQ + g
     Lp, s_lk, s_lr,  # its LSE [Hkv, T * GQ] fp32, natural log (-inf: no prefix)

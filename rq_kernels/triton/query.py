@@ -8,7 +8,7 @@ import triton.language as tl
 from rq_kernels.triton.common import gqa_rows, rotate_rows, to_bf16
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["batch_rows"])  # the row count varies per call (extend chunks)
 def rq_rotate_query_kernel(
     Q, s_qb, s_qh,  # [B, Hq, D] bf16
     Rot, s_rterm, s_rhead, s_rrow, alpha,  # [TERMS, Hkv, DP, DP] bf16 (or a dummy)
