@@ -9,7 +9,9 @@ epilogue. It checks, for head_dim 64, 96 and 128, that the logits and the unnorm
 equal a direct computation over the dequantized codes, that every output element of every row
 is written exactly once (head_dim 96: the padding columns 96-127 as 0), and that no query
 element past head_dim is read. The arithmetic is float64 without the kernel's bf16 roundings:
-this checks which element meets which, not rounding. Keep it in step with the .cu.
+this checks which element meets which, not rounding. The code layout (shifts, positions,
+unpacking, byte permutes) comes from `tc_emulation`, the numerics emulation. Keep both in step
+with the .cu.
 """
 
 from __future__ import annotations
@@ -18,37 +20,26 @@ import itertools
 import math
 import random
 
+import numpy as np
 import pytest
-import torch
+import tc_emulation as emu
 
 NAN = float("nan")
 INF = float("inf")
 
 
 def _fp8(byte: int) -> float:
-    return torch.tensor([byte], dtype=torch.uint8).view(torch.float8_e4m3fn).float().item()
-
-
-def _bf16(bits: int) -> float:
-    return torch.tensor([bits << 16], dtype=torch.int32).view(torch.float32).item()
-
-
-def _shift(j: int, bits: int) -> int:
-    return 4 * j if bits == 4 else (0 if j < 3 else (6 if j < 6 else 12))
+    return float(emu.fp8(byte))
 
 
 def _pos(j: int, bits: int) -> int:
-    return 0 if bits == 4 else 2 * j - _shift(j, 2)
+    return emu.pos(j, bits)
 
 
 def _unpack_word(x: int, bits: int) -> list[tuple[float, float]]:
-    """unpack_word: register j = (lo half, hi half) as bf16 values 128 + code * 2^pos."""
-    out = []
-    for j in range(16 // bits):
-        m = ((1 << bits) - 1) << _pos(j, bits)
-        r = ((x >> _shift(j, bits)) & (m | m << 16)) | 0x43004300
-        out.append((_bf16(r & 0xFFFF), _bf16(r >> 16)))
-    return out
+    """unpack_word (`tc_emulation.unpack_word` on one lane): register j = (lo half, hi half) as
+    bf16 values 128 + code * 2^pos."""
+    return [(float(lo[0]), float(hi[0])) for lo, hi in emu.unpack_word(np.array([x]), bits)]
 
 
 def _words(buf: bytes, off: int, n: int) -> list[int]:
@@ -58,10 +49,8 @@ def _words(buf: bytes, off: int, n: int) -> list[int]:
 
 
 def _perm(a: int, b: int, sel: int) -> int:
-    """__byte_perm for the two selectors the kernel uses."""
-    if sel == 0x5410:
-        return (a & 0xFFFF) | (b & 0xFFFF) << 16
-    return (a >> 16) | (b >> 16) << 16
+    """__byte_perm for the two selectors the kernel uses (`tc_emulation.perm` on one lane)."""
+    return int(emu.perm(np.array([a]), np.array([b]), sel)[0])
 
 
 def _mma(a_frag, b_frag):
