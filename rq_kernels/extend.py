@@ -137,8 +137,9 @@ def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
 
     Note
     ----
-    Memory beside the workspace: the rotated queries (bf16), the prefix accumulator (fp32
-    ``[num_tokens, num_qo_heads, head_dim]`` plus its LSE) and the chunk's output.
+    Memory beside the workspace: the rotated queries (bf16), the chunk's output and, unless one
+    request's prefix fits one slab, a prefix accumulator (fp32 ``[num_tokens, num_qo_heads,
+    head_dim]`` plus its LSE).
     """
     require_kernel("extend_attention", unsupported_reason(view), rq_reconstruct_kernel, q)
     out = check_extend_args(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr, kv_indices,
@@ -192,10 +193,11 @@ def _workspace_extend(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
         else:
             o_c[s:e] = o[0].transpose(0, 1)
             lse_c[s:e] = lse[0].transpose(0, 1)
-    if kp[-1] == kp[0]:
+    if not any(kp[b] < kp[b + 1] for b in chunks):  # no request with rows has a prefix
         out.copy_(o_c)
         return
     o_p, lse_p = _prefix_attention(q, view, loop_id, qp, kp, kv_indices, sm_scale)
+    assert o_p.stride(-1) == o_c.stride(-1) == out.stride(-1) == 1, "rows must be contiguous"
     terms, alpha, nterms = rotation_terms(view, next_pow2(D), q.device)
     block_m = 64
     rq_extend_merge_kernel[(HKV, cdiv(T * GQ, block_m))](
@@ -220,7 +222,8 @@ def _prefix_attention(q: torch.Tensor, view: CompressedLayerView, loop_id: int, 
     """Every request's chunk over its compressed prefix, slab by slab: output ``[Hkv, T*GQ, D]``
     in the rotated basis and LSE ``[Hkv, T*GQ]`` fp32 (``-inf``, output 0: no prefix). When
     one FlashAttention call covers every row (one request, one slab) its bf16 output and LSE
-    are returned as they are; otherwise the parts are gathered and merged in fp32."""
+    are returned as they are; otherwise the parts are gathered and merged in fp32. The caller
+    guarantees that some request with chunk rows has a prefix."""
     T, HQ, D = q.shape
     HKV = view.codes[0].shape[2]
     GQ = HQ // HKV

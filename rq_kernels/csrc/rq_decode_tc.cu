@@ -220,7 +220,7 @@ struct Args {
 static_assert(SB >= 4, "cp.async copies at least 4 bytes");
 
 // The pool bytes of one (token, head)'s codes and the cp.async chunk they are copied in (the
-// launcher checks the pool's pointers and strides for this alignment: `_code_chunk`).
+// launcher checks the pool's pointers and strides for this alignment: `decode_tc.code_chunk`).
 template <int BITS> __host__ __device__ constexpr int code_bytes() { return HEAD_DIM * BITS / 8; }
 template <int BITS> __host__ __device__ constexpr int code_chunk() { return code_bytes<BITS>() % 16 == 0 ? 16 : 8; }
 

@@ -90,6 +90,8 @@ WS_CASES = [
     ("d128_shared_loop", SHARED, 3, 1, 1, 128, [21, 5], [1, 15], "cfg", (0, 1, 2)),
     ("no_prefix_gqa2", RQConfig(), 4, 1, 2, 64, [0, 0], [15, 1], "cfg", (0,)),
     ("empty_chunk", RQConfig(), 4, 1, 1, 64, [17, 5, 3], [0, 15, 1], "cfg", (0,)),
+    # the only prefix belongs to a request with an empty chunk: nothing to attend over
+    ("prefix_only_on_empty_chunk", RQConfig(), 4, 1, 2, 64, [17, 0], [0, 15], "cfg", (0,)),
 ]
 
 
