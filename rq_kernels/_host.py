@@ -232,7 +232,8 @@ def check_extend_args(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
             f"{name} must be on {dev}, last dim contiguous")
     for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr)):
         assert t.shape == (B + 1,) and t.dtype == torch.int32 and t.device == dev, (
-            f"{name} must be int32 [{B + 1}] on {dev}")
+            f"{name} must be int32 [{B + 1}] on {dev} (batch size {B} from qo_indptr), got "
+            f"{t.dtype} {tuple(t.shape)} on {t.device}")
         assert t.is_contiguous()
     assert kv_indices.dim() == 1 and kv_indices.dtype == torch.int64, "kv_indices int64 [nnz]"
     assert kv_indices.device == dev and kv_indices.is_contiguous()

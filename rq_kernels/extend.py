@@ -134,6 +134,9 @@ def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
         For a format outside `rq_kernels._host.unsupported_reason` or CPU tensors outside
         ``TRITON_INTERPRET=1`` (the caller runs the twin,
         `sglang_rq.reference.extend_attention_reference`).
+    AssertionError
+        For malformed arguments (shapes, dtypes, devices, indptr values), as the decode
+        launcher.
 
     Note
     ----
@@ -149,6 +152,15 @@ def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     else:
         qp, kp = (list(x) for x in host_indptrs)
         assert len(qp) == len(kp) == qo_indptr.shape[0], "host_indptrs vs qo_indptr length"
+    # the values, on the host already: a bad plan would read out of bounds on the GPU (rows
+    # past qo_indptr[-1], e.g. padding, are left unwritten)
+    assert qp[0] == 0 and qp[-1] <= q.shape[0] and all(a <= b for a, b in zip(qp, qp[1:])), (
+        f"qo_indptr must rise from 0 to at most num_tokens={q.shape[0]}, got "
+        f"{qp[:4]}...{qp[-2:]}")
+    assert 0 <= kp[0] and kp[-1] <= kv_indices.shape[0] and all(
+        a <= b for a, b in zip(kp, kp[1:])), (
+        f"kv_indptr must rise within kv_indices' {kv_indices.shape[0]} rows, got "
+        f"{kp[:4]}...{kp[-2:]}")
     B = len(qp) - 1
     b0 = B  # the trailing one-row requests [b0, B): decode rows of a mixed batch
     while b0 > 0 and qp[b0] - qp[b0 - 1] == 1:

@@ -73,3 +73,24 @@ def test_extend_matches_reference(name, cfg, loops, hkv, group, dim, prefix, chu
 def test_extend_real_size(name, cfg, loops, hkv, group, dim, prefix, chunks, rot, loop_ids,
                           device):
     _run(cfg, loops, hkv, group, dim, prefix, chunks, rot, loop_ids, device, seed=51)
+
+
+def test_extend_rejects_bad_indptr_values(device):
+    """A plan whose indptrs do not rise from 0 within the token count, or point past
+    kv_indices, is refused before any launch (it would read out of bounds on the GPU)."""
+    view, kv_ind, idx, _ = build(RQConfig(), loops=4, num_kv_heads=1, group=1, dim=64,
+                                 lens=[5, 3], rot="cfg", device=device, seed=3)
+    q, kc, vc = queries(6, 1, 1, 64, device=device, seed=3)
+
+    def call(qp, kp=None):
+        qo = torch.tensor(qp, dtype=torch.int32, device=device)
+        kv = kv_ind if kp is None else torch.tensor(kp, dtype=torch.int32, device=device)
+        extend_attention(q, kc, vc, view, 0, qo, kv, idx, sm_scale=0.125)
+
+    for bad in ([0, 3, 7], [0, 4, 3], [1, 3, 6]):  # past the tokens, falling, not from 0
+        with pytest.raises(AssertionError, match="qo_indptr must rise from 0 to at most num_"):
+            call(bad)
+    with pytest.raises(AssertionError, match="kv_indptr must rise within kv_indices' 8 rows"):
+        call([0, 3, 6], [0, 5, 9])
+    with pytest.raises(AssertionError, match=r"kv_indptr must be int32 \[3\] on .* \(batch size 2"):
+        call([0, 3, 6], [0, 8])
