@@ -122,6 +122,16 @@ def rotation_terms(view: CompressedLayerView, padded_dim: int, device: torch.dev
     return out
 
 
+def rotation_args(view: CompressedLayerView, padded_dim: int, device: torch.device
+                  ) -> tuple[tuple, int]:
+    """`rotation_terms` as the kernels take it: ``((terms, term stride, head stride, row
+    stride, alpha), TERMS)``; strides 0 for the 1-element dummy of a view without rotation."""
+    terms, alpha, nterms = rotation_terms(view, padded_dim, device)
+    if terms.dim() != 4:
+        return (terms, 0, 0, 0, alpha), nterms
+    return (terms, terms.stride(0), terms.stride(1), terms.stride(2), alpha), nterms
+
+
 def prepare_view(view: CompressedLayerView) -> None:
     """Build the kernels' form of ``view``'s rotation once, on the rotation's device (a host
     sync), so that later launches, CUDA-graph capture included, only read it."""

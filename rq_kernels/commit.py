@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rq_kernels._host import (
-    check_view, interpreting, next_pow2, require_kernel, rotation_terms, strides3,
+    check_view, interpreting, next_pow2, require_kernel, rotation_args, strides3,
     unsupported_reason,
 )
 from rq_kernels.triton.commit import rq_commit_kernel
@@ -80,7 +80,7 @@ def commit(k_loops: torch.Tensor, v_loops: torch.Tensor, loc: torch.Tensor,
     cfg = view.cfg
     glen = cfg.group_len(L)
     dp = next_pow2(D)
-    terms, alpha, nterms = rotation_terms(view, dp, dev)
+    rot, nterms = rotation_args(view, dp, dev)
     dummy = view.codes[view.segments[0].base]
     codes = tuple(c if s.bits > 0 else dummy for c, s in zip(view.codes, view.segments))
     scale_offset = tuple(m if m is not None else dummy for m in view.scale_offset)
@@ -95,8 +95,7 @@ def commit(k_loops: torch.Tensor, v_loops: torch.Tensor, loc: torch.Tensor,
     rq_commit_kernel[grid](
         k_loops, v_loops, k_loops.stride(0), k_loops.stride(1), k_loops.stride(2),
         loc, T, codes, s_codes, scale_offset, s_scale_offset, coef, s_coef,
-        terms, terms.stride(0) if terms.dim() == 4 else 0,
-        terms.stride(1) if terms.dim() == 4 else 0, dp, alpha,
+        *rot,
         NUM_LOOPS=L, GROUP_LEN=glen, ANCHOR_POS=0 if cfg.anchor == "first" else glen - 1,
         BITS=tuple(s.bits for s in view.segments), LSQ=cfg.lsq,
         HAS_ROT=view.rotation is not None, TERMS=nterms, D=D, DP=dp, G=cfg.group_size,

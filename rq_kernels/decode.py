@@ -29,7 +29,7 @@ import torch
 
 from rq_kernels._host import (
     attention_loop_args, cdiv, check_decode_args, interpreting, next_pow2, require_kernel,
-    rotation_terms, strides3, unsupported_reason,
+    rotation_args, strides3, unsupported_reason,
 )
 from rq_kernels.decode_tc import WARPS as TC_WARPS
 from rq_kernels.decode_tc import tc_occupancy, tc_split, tc_unsupported_reason
@@ -181,9 +181,7 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     dev = q.device
     args, c = attention_loop_args(view, loop_id)
     dp = c["DP"]
-    terms, alpha, nterms = rotation_terms(view, dp, dev)
-    rot = (terms, terms.stride(0) if terms.dim() == 4 else 0,
-           terms.stride(1) if terms.dim() == 4 else 0, dp, alpha)
+    rot, nterms = rotation_args(view, dp, dev)
     has_rot = view.rotation is not None
     interp = interpreting(rq_decode_mma_split_kernel)
     qk_scale = sm_scale * LOG2E

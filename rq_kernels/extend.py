@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rq_kernels._host import (
-    cdiv, check_extend_args, interpreting, next_pow2, require_kernel, rotation_terms,
+    cdiv, check_extend_args, interpreting, next_pow2, require_kernel, rotation_args,
     unsupported_reason,
 )
 from rq_kernels.decode import decode_attention
@@ -208,43 +208,35 @@ def _workspace_extend(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     if not any(kp[b] < kp[b + 1] for b in chunks):  # no request with rows has a prefix
         out.copy_(o_c)
         return
-    o_p, lse_p = _prefix_attention(q, view, loop_id, qp, kp, kv_indices, sm_scale)
+    rot, nterms = rotation_args(view, next_pow2(D), q.device)
+    o_p, lse_p = _prefix_attention(q, view, loop_id, qp, kp, kv_indices, sm_scale, rot, nterms)
     assert o_p.stride(-1) == o_c.stride(-1) == out.stride(-1) == 1, "rows must be contiguous"
-    terms, alpha, nterms = rotation_terms(view, next_pow2(D), q.device)
     block_m = 64
     rq_extend_merge_kernel[(HKV, cdiv(T * GQ, block_m))](
         o_p, o_p.stride(0), o_p.stride(1), lse_p, lse_p.stride(0), lse_p.stride(1),
         o_c, o_c.stride(0), o_c.stride(1), lse_c, lse_c.stride(0), lse_c.stride(1),
-        *_rot_args(terms, alpha), out, out.stride(0), out.stride(1), T * GQ,
+        *rot, out, out.stride(0), out.stride(1), T * GQ,
         GQ=GQ, D=D, DP=next_pow2(D), HAS_ROT=view.rotation is not None, TERMS=nterms,
         BLOCK_M=block_m, INTERP=interpreting(rq_extend_merge_kernel), num_warps=4)
 
 
-def _rot_args(terms: torch.Tensor, alpha: float) -> tuple:
-    """(terms, term stride, head stride, row stride, alpha) of `rotation_terms`' output (a
-    1-element dummy without rotation)."""
-    if terms.dim() != 4:
-        return terms, 0, 0, 0, alpha
-    return terms, terms.stride(0), terms.stride(1), terms.stride(2), alpha
-
-
 def _prefix_attention(q: torch.Tensor, view: CompressedLayerView, loop_id: int, qp: list[int],
-                      kp: list[int], kv_indices: torch.Tensor, sm_scale: float
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+                      kp: list[int], kv_indices: torch.Tensor, sm_scale: float, rot: tuple,
+                      nterms: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Every request's chunk over its compressed prefix, slab by slab: output ``[Hkv, T*GQ, D]``
     in the rotated basis and LSE ``[Hkv, T*GQ]`` fp32 (``-inf``, output 0: no prefix). When
     one FlashAttention call covers every row (one request, one slab) its bf16 output and LSE
     are returned as they are; otherwise the parts are gathered and merged in fp32. The caller
-    guarantees that some request with chunk rows has a prefix."""
+    guarantees that some request with chunk rows has a prefix; ``rot``, ``nterms``:
+    `rotation_args` at the padded head_dim."""
     T, HQ, D = q.shape
     HKV = view.codes[0].shape[2]
     GQ = HQ // HKV
     dp = next_pow2(D)
     # q' = q R with the GQ query heads of a KV head on the row axis (row t * GQ + g), bf16
     qh = torch.empty(HKV, T * GQ, D, dtype=torch.bfloat16, device=q.device)
-    terms, alpha, nterms = rotation_terms(view, dp, q.device)
     rq_rotate_query_kernel[(HKV, cdiv(T * GQ, 64))](
-        q, q.stride(0), q.stride(1), *_rot_args(terms, alpha), qh, GQ * D, T * GQ * D, D,
+        q, q.stride(0), q.stride(1), *rot, qh, GQ * D, T * GQ * D, D,
         T * GQ, GQ=GQ, D=D, DP=dp, HAS_ROT=view.rotation is not None, TERMS=nterms,
         BLOCK_M=64, INTERP=interpreting(rq_rotate_query_kernel), num_warps=4)
     acc = acc_lse = None
