@@ -1,0 +1,209 @@
+"""Where a real server's chunked prefill spends its time: BF16 pool vs the ResidualQuant pool.
+
+The serving card shows RQ's 2k-token prefill chunks at a third to a half of BF16's tokens/s
+although the extend attention alone is within 1.1x of FlashAttention (bench_extend). This starts
+the same server as `bench_serving` (Ouro-1.4B-shaped checkpoint, same flags) once per arm and:
+
+1. times prefill without a profiler: requests of ``--tokens`` new random ids (no cache hits) with
+   one output token, after a warm-up request (JIT); wall seconds and tokens/s per request;
+2. profiles the prefill forwards of one more request with SGLang's ``/start_profile``
+   (PyTorch profiler, CPU + CUDA) and summarises the trace: per forward step the CPU span and
+   the GPU busy time (the rest is GPU idle: host-bound), kernel time by kernel and by kind,
+   CUDA runtime calls (syncs) and the top CPU ops.
+
+``python benchmarks/profile_prefill.py --out DIR --tokenizer TOK [--arms bf16,rq]``
+``python benchmarks/profile_prefill.py --summarise TRACE.json.gz`` (a trace already written)
+
+Writes ``DIR/profile_prefill.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+import re
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_serving import ARMS, COMMON, make_checkpoint  # noqa: E402
+from sglang_rq.server_process import Server  # noqa: E402
+
+KINDS = [  # (kind, regex on the kernel name), first match wins
+    ("rq", r"rq_"),
+    ("attention", r"flash|fmha|attn|_fwd_kernel|extend_attention|decode_attention"),
+    ("gemm", r"gemm|cutlass|xmma|nvjet|cublas|splitK|sm90_"),
+    ("norm/rope/act", r"norm|rotary|rope|silu|act_and_mul|gelu"),
+    ("copy/cat/index", r"copy|cat|index|gather|scatter|fill|memcpy|memset"),
+    ("elementwise", r"elementwise|vectorized|unrolled|reduce"),
+]
+
+
+def kind_of(name: str) -> str:
+    for kind, pat in KINDS:
+        if re.search(pat, name, re.I):
+            return kind
+    return "other"
+
+
+def union_us(intervals: list[tuple[float, float]]) -> float:
+    """Total length of the union of ``[start, end)`` intervals (µs)."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total
+
+
+def summarise(trace_path: Path, top: int = 25) -> dict:
+    """Summary of one PyTorch-profiler chrome trace of prefill forwards (see the module doc)."""
+    with gzip.open(trace_path, "rt") if trace_path.suffix == ".gz" else open(trace_path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    steps = sorted((e for e in events if e.get("cat") == "user_annotation"
+                    and e["name"].startswith("step[")), key=lambda e: e["ts"])
+    # a kernel belongs to the step whose CPU span launched it (correlation id of its launch)
+    launch_ts = {e["args"]["correlation"]: e["ts"] for e in events
+                 if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    per_step = []
+    for i, s in enumerate(steps):
+        lo, hi = s["ts"], s["ts"] + s["dur"]
+        ks = [k for k in kernels if lo <= launch_ts.get(k["args"].get("correlation"), -1) <= hi]
+        if not ks:  # a CPU trace
+            per_step.append({"name": s["name"], "cpu_span_ms": round(s["dur"] / 1e3, 2)})
+            continue
+        gpu_lo = min(k["ts"] for k in ks)
+        gpu_hi = max(k["ts"] + k["dur"] for k in ks)
+        by_kind: dict[str, float] = defaultdict(float)
+        for k in ks:
+            by_kind[kind_of(k["name"])] += k["dur"]
+        per_step.append({
+            "name": s["name"], "cpu_span_ms": round(s["dur"] / 1e3, 2),
+            "gpu_span_ms": round((gpu_hi - gpu_lo) / 1e3, 2),
+            "gpu_busy_ms": round(union_us([(k["ts"], k["ts"] + k["dur"]) for k in ks]) / 1e3, 2),
+            "kernels": len(ks),
+            "kernel_ms_by_kind": {k: round(v / 1e3, 2) for k, v in
+                                  sorted(by_kind.items(), key=lambda kv: -kv[1])}})
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for k in kernels:
+        by_name[k["name"]][0] += 1
+        by_name[k["name"]][1] += k["dur"]
+    runtime: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for e in events:
+        if e.get("cat") == "cuda_runtime":
+            runtime[e["name"]][0] += 1
+            runtime[e["name"]][1] += e["dur"]
+    cpu_ops: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for e in events:
+        if e.get("cat") == "cpu_op":
+            cpu_ops[e["name"]][0] += 1
+            cpu_ops[e["name"]][1] += e["dur"]
+
+    def table(d: dict, n: int) -> list:
+        rows = sorted(d.items(), key=lambda kv: -kv[1][1])[:n]
+        return [[name[:140], int(c), round(t / 1e3, 3)] for name, (c, t) in rows]
+
+    return {"trace": trace_path.name, "steps": per_step,
+            "kernels_top_ms": table(by_name, top), "cuda_runtime_ms": table(runtime, 12),
+            "cpu_ops_top_ms": table(cpu_ops, top)}
+
+
+def _generate(server: Server, ids: list[int]) -> float:
+    t = time.perf_counter()
+    r = requests.post(server.url + "/generate", json={
+        "input_ids": ids, "sampling_params": {"max_new_tokens": 1, "ignore_eos": True}},
+        timeout=600)
+    r.raise_for_status()
+    return time.perf_counter() - t
+
+
+def run_arm(arm: str, args: argparse.Namespace, model: Path, out: Path, rng: random.Random
+            ) -> dict:
+    flags = ["--model-path", str(model), *COMMON, *ARMS[arm]]
+    tmp = out / "logs"
+    tmp.mkdir(parents=True, exist_ok=True)
+    server = Server(flags, tmp / f"server_profile_{arm}.log")
+
+    def ids() -> list[int]:
+        return [rng.randrange(100, args.vocab - 100) for _ in range(args.tokens)]
+
+    result: dict = {"flags": flags}
+    try:
+        result["warmup_s"] = round(_generate(server, ids()), 3)
+        walls = [_generate(server, ids()) for _ in range(args.reps)]
+        result["prefill_s"] = [round(w, 4) for w in walls]
+        result["prefill_tok_s_median"] = round(args.tokens / sorted(walls)[len(walls) // 2])
+        pdir = out / f"trace_{arm}"
+        r = requests.post(server.url + "/start_profile", json={
+            "output_dir": str(pdir), "num_steps": args.tokens // args.chunk,
+            "activities": ["CPU"] if args.smoke else ["CPU", "GPU"],
+            "profile_by_stage": True, "profile_stages": ["prefill"], "with_stack": False,
+            "record_shapes": False, "profile_prefix": arm}, timeout=60)
+        r.raise_for_status()
+        result["profiled_request_s"] = round(_generate(server, ids()), 3)
+        _generate(server, ids()[:16])  # one more prefill step stops the profiler
+        deadline = time.time() + 120
+        while time.time() < deadline and not list(pdir.glob("*.trace.json*")):
+            time.sleep(1)
+        traces = sorted(pdir.glob("*.trace.json*"))
+        time.sleep(2)  # the export finishes writing
+        result["profile"] = summarise(traces[-1]) if traces else "no trace written"
+    finally:
+        server.stop()
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("/tmp/rq-out/profile_prefill"))
+    ap.add_argument("--tokenizer", type=Path)
+    ap.add_argument("--model", type=Path, default=Path("/tmp/ouro-1.4b-random"))
+    ap.add_argument("--arms", default="bf16,rq")
+    ap.add_argument("--tokens", type=int, default=8192, help="prompt length (a multiple of the 2048-token chunk)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--summarise", type=Path, help="only summarise this trace file")
+    ap.add_argument("--smoke", action="store_true",
+                    help="CPU check of the script: the embedded model, 512 tokens, 256-token chunks")
+    args = ap.parse_args()
+    args.chunk = 2048
+    args.vocab = 49152
+    if args.smoke:
+        from sglang_rq.models.embedded import EMBEDDED_MODEL
+
+        args.model = args.tokenizer = EMBEDDED_MODEL
+        args.tokens, args.chunk, args.reps = 512, 256, 1
+        args.vocab = json.loads((EMBEDDED_MODEL / "config.json").read_text())["vocab_size"]
+        COMMON[COMMON.index("--context-length") + 1] = "1024"
+        COMMON[COMMON.index("--chunked-prefill-size") + 1] = "256"
+        ARMS["bf16"] = ["--rq-disable"]
+    if args.summarise:
+        print(json.dumps(summarise(args.summarise), indent=1))
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    model = make_checkpoint(args.model, args.tokenizer)
+    rng = random.Random(0)
+    results = {arm: run_arm(arm, args, model, args.out, rng) for arm in args.arms.split(",")}
+    if {"bf16", "rq"} <= results.keys():
+        results["rq_over_bf16_prefill_tok_s"] = round(
+            results["rq"]["prefill_tok_s_median"] / results["bf16"]["prefill_tok_s_median"], 3)
+    (args.out / "profile_prefill.json").write_text(json.dumps(results, indent=1))
+    for arm, r in results.items():
+        if isinstance(r, dict):
+            print(arm, r.get("prefill_s"), r.get("prefill_tok_s_median"))
+            for s in (r.get("profile") or {}).get("steps", []) if isinstance(r.get("profile"), dict) else []:
+                print("  ", s)
+    print(results.get("rq_over_bf16_prefill_tok_s"))
+
+
+if __name__ == "__main__":
+    main()
