@@ -74,7 +74,7 @@ def summarise(trace_path: Path, top: int = 25) -> dict:
                     and e["name"].startswith("step[")), key=lambda e: e["ts"])
     # a kernel belongs to the step whose CPU span launched it (correlation id of its launch)
     launch_ts = {e["args"]["correlation"]: e["ts"] for e in events
-                 if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     per_step = []
     for i, s in enumerate(steps):
         lo, hi = s["ts"], s["ts"] + s["dur"]
@@ -100,7 +100,7 @@ def summarise(trace_path: Path, top: int = 25) -> dict:
         by_name[k["name"]][1] += k["dur"]
     runtime: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for e in events:
-        if e.get("cat") == "cuda_runtime":
+        if e.get("cat") in ("cuda_runtime", "cuda_driver"):
             runtime[e["name"]][0] += 1
             runtime[e["name"]][1] += e["dur"]
     cpu_ops: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
@@ -109,13 +109,20 @@ def summarise(trace_path: Path, top: int = 25) -> dict:
             cpu_ops[e["name"]][0] += 1
             cpu_ops[e["name"]][1] += e["dur"]
 
+    py: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])  # only with --with-stack
+    for e in events:
+        if e.get("cat") == "python_function" and ("sglang_rq" in e["name"] or
+                                                  "rq_kernels" in e["name"]):
+            py[e["name"]][0] += 1
+            py[e["name"]][1] += e["dur"]
+
     def table(d: dict, n: int) -> list:
         rows = sorted(d.items(), key=lambda kv: -kv[1][1])[:n]
         return [[name[:140], int(c), round(t / 1e3, 3)] for name, (c, t) in rows]
 
     return {"trace": trace_path.name, "steps": per_step,
             "kernels_top_ms": table(by_name, top), "cuda_runtime_ms": table(runtime, 12),
-            "cpu_ops_top_ms": table(cpu_ops, top)}
+            "cpu_ops_top_ms": table(cpu_ops, top), "python_inclusive_top_ms": table(py, 2 * top)}
 
 
 def _generate(server: Server, ids: list[int]) -> float:
@@ -147,7 +154,7 @@ def run_arm(arm: str, args: argparse.Namespace, model: Path, out: Path, rng: ran
         r = requests.post(server.url + "/start_profile", json={
             "output_dir": str(pdir), "num_steps": args.tokens // args.chunk,
             "activities": ["CPU"] if args.smoke else ["CPU", "GPU"],
-            "profile_by_stage": True, "profile_stages": ["prefill"], "with_stack": False,
+            "profile_by_stage": True, "profile_stages": ["prefill"], "with_stack": args.with_stack,
             "record_shapes": False, "profile_prefix": arm}, timeout=60)
         r.raise_for_status()
         result["profiled_request_s"] = round(_generate(server, ids()), 3)
@@ -171,6 +178,9 @@ def main() -> None:
     ap.add_argument("--arms", default="bf16,rq")
     ap.add_argument("--tokens", type=int, default=8192, help="prompt length (a multiple of the 2048-token chunk)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--with-stack", action="store_true",
+                    help="record Python frames too (slower host; inclusive time per function of "
+                         "sglang_rq and rq_kernels)")
     ap.add_argument("--summarise", type=Path, help="only summarise this trace file")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU check of the script: the embedded model, 512 tokens, 256-token chunks")

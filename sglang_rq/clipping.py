@@ -66,13 +66,16 @@ class ClipCounter:
         self._warmup = False
         metrics.init_clipped_groups(num_layers)
 
-    def add(self, *, layer: int, loop: int, scale_offset_rows: torch.Tensor) -> None:
+    def add(self, *, layers: torch.Tensor, loop: int, scale_offset_rows: torch.Tensor) -> None:
         """Count the saturated groups of freshly committed ``scale_offset_rows``
-        (``[n, 2, H, D/g, 2]``).
+        (``[len(layers), n, 2, H, D/g, 2]``: loop ``loop`` of several layers at once, the
+        physical layer of row i is ``layers[i]``, int64 on the counter's device).
 
-        Tensor ops only: safe inside CUDA-graph capture, no host sync.
+        Tensor ops only (a handful per call, whatever the layer count): safe inside CUDA-graph
+        capture, no host sync.
         """
-        self.counts[layer, loop] += saturated_groups(scale_offset_rows).sum()
+        per_layer = saturated_groups(scale_offset_rows).flatten(1).sum(1)
+        self.counts[:, loop].index_add_(0, layers, per_layer)
 
     def capture_warmup(self) -> None:
         """The forwards until the next `serving` are CUDA-graph capture warm-ups on dummy inputs;

@@ -61,13 +61,18 @@ def test_counter_per_layer_and_first_log(caplog):
     scale_offset[1, 1, 0, 3, 0] = 0x7E  # scale 448
     scale_offset[1, 1, 0, 2, 0] = 0x7D  # scale 416: not at the limit
     with caplog.at_level(logging.WARNING, logger="sglang_rq.clipping"):
-        c.add(layer=1, loop=2, scale_offset_rows=scale_offset)
+        c.add(layers=torch.tensor([1]), loop=2, scale_offset_rows=scale_offset[None])
         assert c.flush(force=True) == [0, 2, 0]
-        c.add(layer=1, loop=3, scale_offset_rows=scale_offset)
+        c.add(layers=torch.tensor([1]), loop=3, scale_offset_rows=scale_offset[None])
         assert c.flush(force=True) == [0, 4, 0]
+        # several layers at once: row i counts for layers[i] (here layer 2 gets row 0's 2)
+        c.add(layers=torch.tensor([2, 0]), loop=0,
+              scale_offset_rows=torch.stack([scale_offset, torch.zeros_like(scale_offset)]))
+        assert c.flush(force=True) == [0, 4, 2]
     warnings = [r.getMessage() for r in caplog.records]
-    assert len(warnings) == 1  # first occurrence only
+    assert len(warnings) == 2  # first occurrence per layer only
     assert "layer 1" in warnings[0] and "loop(s) [2]" in warnings[0]
+    assert "layer 2" in warnings[1] and "loop(s) [0]" in warnings[1]
 
 
 def test_capture_warmup_counts_are_discarded():
@@ -78,10 +83,10 @@ def test_capture_warmup_counts_are_discarded():
     scale_offset = torch.full((3, 2, 1, 4, 2), 0x7E, dtype=torch.uint8)
     counts = c.counts
     c.capture_warmup()
-    c.add(layer=0, loop=0, scale_offset_rows=scale_offset)
+    c.add(layers=torch.tensor([0]), loop=0, scale_offset_rows=scale_offset[None])
     c.serving()  # first real forward
     assert c.flush(force=True) == [0, 0]
-    c.add(layer=1, loop=0, scale_offset_rows=scale_offset[:1])
+    c.add(layers=torch.tensor([1]), loop=0, scale_offset_rows=scale_offset[None, :1])
     c.serving()  # later forwards keep their counts
     assert c.flush(force=True) == [0, 8]
     assert c.counts is counts  # graphs that recorded the tensor keep counting into it
