@@ -150,7 +150,14 @@ def check_view(view: CompressedLayerView, device: torch.device) -> None:
     Any row/kv/head strides work (token-major ``[rows, 2, H, ...]`` storage or head-major
     ``[2, H, rows, ...]``); the head strides become compile-time constants, so a head stride
     that is a multiple of 8 (scale_offset) or 16 (codes) keeps the gathers vectorized.
+
+    A view's tensors are fixed when it is built, so a view that passed on ``device`` is not
+    checked again (``view.launch_cache``): the serving pool's views are checked on their first
+    launch, not on each of the ~100 launches of every forward.
     """
+    key = ("check_view", str(device))
+    if key in view.launch_cache:
+        return
     ng = view.head_dim // view.cfg.group_size
     for i, seg in enumerate(view.segments):
         c, m, f = view.codes[i], view.scale_offset[i], view.coef[i]
@@ -167,6 +174,7 @@ def check_view(view: CompressedLayerView, device: torch.device) -> None:
         if f is not None:
             assert f.dtype == torch.bfloat16 and f.device == device and f.dim() == 3, (
                 f"coef[{i}] must be bf16 [rows, 2, H] on {device}")
+    view.launch_cache[key] = True
 
 
 def attention_loop_args(view: CompressedLayerView, loop_id: int) -> tuple[list, dict]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,7 +28,7 @@ class CommitLaunch:
     num_warps: int = 8
 
 
-def commit(k_loops: torch.Tensor, v_loops: torch.Tensor, loc: torch.Tensor,
+def commit(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tensor], loc: torch.Tensor,
            view: CompressedLayerView, *, launch: CommitLaunch = CommitLaunch()) -> None:
     """Compress every loop of ``num_tokens`` tokens and write them to pool rows ``loc``.
 
@@ -37,8 +38,10 @@ def commit(k_loops: torch.Tensor, v_loops: torch.Tensor, loc: torch.Tensor,
     Parameters
     ----------
     k_loops, v_loops:
-        ``[num_loops, num_tokens, num_kv_heads, head_dim]``, ``torch.bfloat16``, ``cuda``; the
-        same strides, last dim contiguous.
+        ``num_loops`` tensors ``[num_tokens, num_kv_heads, head_dim]`` (a sequence, or one
+        ``[num_loops, num_tokens, num_kv_heads, head_dim]`` tensor), ``torch.bfloat16``,
+        ``cuda``, last dim contiguous, any token and head strides: the serving pool passes its
+        staged earlier loops and the last loop's K/V where they lie, with no concatenation.
     loc:
         ``[num_tokens]``, ``torch.int64``, ``cuda``: destination rows (slots), all distinct.
     view:
@@ -60,18 +63,19 @@ def commit(k_loops: torch.Tensor, v_loops: torch.Tensor, loc: torch.Tensor,
     Codes equal the twin's except where fp32 rounding ties differ (see
     tests/kernels/test_commit.py). CUDA-graph safe once the view is prepared (`rq_kernels.prepare_view`) or after one eager call.
     """
-    require_kernel("commit", unsupported_reason(view), rq_commit_kernel, k_loops)
-    L, T, H, D = k_loops.shape
-    dev = k_loops.device
-    assert v_loops.shape == k_loops.shape and v_loops.stride() == k_loops.stride(), (
-        f"k_loops {tuple(k_loops.shape)}/{k_loops.stride()} and v_loops "
-        f"{tuple(v_loops.shape)}/{v_loops.stride()} must match")
-    assert k_loops.dtype == v_loops.dtype == torch.bfloat16, (
-        f"K/V must be bf16, got {k_loops.dtype}")
-    assert k_loops.stride(-1) == 1, "K/V last dim must be contiguous"
-    assert L == len(view.segments) and D == view.head_dim, (
-        f"K/V [{L}, T, H, {D}] do not match the view ({len(view.segments)} loops, "
-        f"head_dim {view.head_dim})")
+    ks, vs = tuple(k_loops), tuple(v_loops)
+    require_kernel("commit", unsupported_reason(view), rq_commit_kernel, ks[0])
+    L, (T, H, D) = len(ks), ks[0].shape
+    dev = ks[0].device
+    for i, (k, v) in enumerate(zip(ks, vs)):
+        assert k.shape == v.shape == (T, H, D) and k.device == v.device == dev, (
+            f"loop {i}: K {tuple(k.shape)} on {k.device} and V {tuple(v.shape)} on {v.device} "
+            f"must be [{T}, {H}, {D}] on {dev}")
+        assert k.dtype == v.dtype == torch.bfloat16, f"K/V must be bf16, got {k.dtype}/{v.dtype}"
+        assert k.stride(-1) == v.stride(-1) == 1, f"loop {i}: K/V last dim must be contiguous"
+    assert L == len(vs) == len(view.segments) and D == view.head_dim, (
+        f"{L} K and {len(vs)} V loops of head_dim {D} do not match the view "
+        f"({len(view.segments)} loops, head_dim {view.head_dim})")
     assert loc.shape == (T,) and loc.dtype == torch.int64 and loc.device == dev, (
         f"loc must be int64 [{T}] on {dev}, got {loc.dtype} {tuple(loc.shape)} on {loc.device}")
     check_view(view, dev)
@@ -92,9 +96,9 @@ def commit(k_loops: torch.Tensor, v_loops: torch.Tensor, loc: torch.Tensor,
     block_t = launch.block_t
     grid = (triton_cdiv(T, block_t), H, 2)
     interp = interpreting(rq_commit_kernel)
+    s_kv = sum(((k.stride(0), k.stride(1), v.stride(0), v.stride(1)) for k, v in zip(ks, vs)), ())
     rq_commit_kernel[grid](
-        k_loops, v_loops, k_loops.stride(0), k_loops.stride(1), k_loops.stride(2),
-        loc, T, codes, s_codes, scale_offset, s_scale_offset, coef, s_coef,
+        ks, vs, s_kv, loc, T, codes, s_codes, scale_offset, s_scale_offset, coef, s_coef,
         *rot,
         NUM_LOOPS=L, GROUP_LEN=glen, ANCHOR_POS=0 if cfg.anchor == "first" else glen - 1,
         BITS=tuple(s.bits for s in view.segments), LSQ=cfg.lsq,

@@ -78,12 +78,14 @@ class CompressedLayerView:
     segments: tuple[LoopFormat, ...]
     cfg: KVFormat
     head_dim: int
-    kernel_rotation: dict = field(default_factory=dict, repr=False, compare=False)
+    kernel_rotation: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     """The rotation in the kernels' form, built once (`rq_kernels.prepare_view`), keyed by
     padded head_dim and device."""
-    launch_cache: dict = field(default_factory=dict, repr=False, compare=False)
-    """Host-side launch decisions that depend only on the view (e.g. whether the CUDA split
-    kernel serves a loop), made once per key by the launchers."""
+    launch_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    """Host-side launch decisions that depend only on the view (whether the CUDA split kernel
+    serves a loop, that its tensors passed `rq_kernels._host.check_view` on a device), made
+    once per key by the launchers. Neither cache is passed on by ``dataclasses.replace``: a
+    view with other tensors starts empty."""
 
     def rotation_cpu(self, like: torch.Tensor) -> torch.Tensor | None:
         """The rotation on ``like``'s device."""

@@ -262,14 +262,12 @@ class RQTokenToKVPool(MHATokenToKVPool):
                 "or raise --rq-staging-tokens")
         t = self.targets[slot]
         bufs, layer = t.bufs, t.layer
-        if t.pos < bufs.group_len - 1:
-            bufs.staging[t.pos, layer, :n, 0].copy_(k)
-            bufs.staging[t.pos, layer, :n, 1].copy_(v)
+        if t.pos < bufs.group_len - 1:  # [n, 2, H, D], contiguous: one launch writes K and V
+            torch.stack([k, v], dim=1, out=bufs.staging[t.pos, layer, :n])
             return
-        staged = bufs.staging[:, layer, :n]  # [G-1, n, 2, H, D]
-        k_loops = torch.cat([staged[:, :, 0], k.unsqueeze(0).to(staged.dtype)], dim=0)
-        v_loops = torch.cat([staged[:, :, 1], v.unsqueeze(0).to(staged.dtype)], dim=0)
-        t.paths.commit.fn(k_loops, v_loops, loc, t.view)
+        staged = bufs.staging[:, layer, :n]  # [G-1, n, 2, H, D]; the commit reads it in place
+        dt = staged.dtype
+        t.paths.commit.fn([*staged[:, :, 0], k.to(dt)], [*staged[:, :, 1], v.to(dt)], loc, t.view)
         if slot == self.layer_num - 1:  # the forward's last call: every layer has committed
             self._count_clipped(loc)
         # NOTE: committed tokens and twin-served forwards are counted by the backends'

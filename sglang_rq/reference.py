@@ -22,6 +22,7 @@ Storage per (token, K-or-V, head) and loop, as `layout.loop_segments` sizes it: 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -278,17 +279,19 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, sc
 
 
 # ----------------------------------------------------------------------------- pool rows
-def commit_reference(k_loops: torch.Tensor, v_loops: torch.Tensor, loc: torch.Tensor,
-                     view: CompressedLayerView) -> None:
+def commit_reference(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tensor],
+                     loc: torch.Tensor, view: CompressedLayerView) -> None:
     """Compress all loops of ``num_tokens`` tokens and write them to pool rows ``loc``.
 
     Parameters
     ----------
-    k_loops, v_loops: ``[num_loops, num_tokens, num_kv_heads, head_dim]`` bf16/fp32.
+    k_loops, v_loops: ``num_loops`` tensors ``[num_tokens, num_kv_heads, head_dim]`` bf16/fp32
+        (a sequence, or one ``[num_loops, num_tokens, num_kv_heads, head_dim]`` tensor).
     loc: ``[num_tokens]`` int64, destination rows (slots) of the layer's buffers.
     view: the layer's compressed buffers (`CompressedLayerView`); written in place.
     """
-    x = torch.stack([k_loops, v_loops], dim=2)  # [L, n, 2, H, D]: the pool rows' order
+    x = torch.stack([torch.stack(tuple(k_loops)), torch.stack(tuple(v_loops))],
+                    dim=2)  # [L, n, 2, H, D]: the pool rows' order
     stored = encode(x, segments=view.segments, cfg=view.cfg, rotation=view.rotation_cpu(x))
     for i, st in enumerate(stored):
         view.codes[i][loc] = st.codes.to(view.codes[i].device)

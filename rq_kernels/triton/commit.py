@@ -95,14 +95,20 @@ def _store_loop(q, scale, off, loc, t_mask, codes, s_code, scale_offset, s_scale
 
 
 @triton.jit
-def _load_loop(X, loop, s_loop, s_tok, s_head, head, tok, t_mask, rot, s_rterm, s_rrow, alpha,
+def _load_loop(K, V, SKV, kv, loop: tl.constexpr, head, tok, t_mask, rot, s_rterm, s_rrow, alpha,
                rmat, D: tl.constexpr, DP: tl.constexpr, HAS_ROT: tl.constexpr,
                TERMS: tl.constexpr, HOIST_R: tl.constexpr, INTERP: tl.constexpr):
-    """Loop ``loop``'s ``[BLOCK_T, DP]`` rows, rotated (fp32). With HOIST_R the single bf16
-    rotation term ``rmat`` was loaded once per program; otherwise the terms are read here."""
+    """Loop ``loop``'s ``[BLOCK_T, DP]`` K (``kv`` 0) or V rows, rotated (fp32). With HOIST_R
+    the single bf16 rotation term ``rmat`` was loaded once per program; otherwise the terms are
+    read here."""
     d = tl.arange(0, DP)
-    ptr = X + loop * s_loop + tok[:, None] * s_tok + head * s_head + d[None, :]
-    x = tl.load(ptr, mask=t_mask[:, None] & (d[None, :] < D), other=0.0)
+    mask = t_mask[:, None] & (d[None, :] < D)
+    if kv == 0:
+        x = tl.load(K[loop] + tok[:, None] * SKV[4 * loop] + head * SKV[4 * loop + 1]
+                    + d[None, :], mask=mask, other=0.0)
+    else:
+        x = tl.load(V[loop] + tok[:, None] * SKV[4 * loop + 2] + head * SKV[4 * loop + 3]
+                    + d[None, :], mask=mask, other=0.0)
     if HAS_ROT and HOIST_R:
         return mma(to_bf16(x, INTERP), rmat, INTERP) * alpha
     elif HAS_ROT:
@@ -112,16 +118,16 @@ def _load_loop(X, loop, s_loop, s_tok, s_head, head, tok, t_mask, rot, s_rterm, 
 
 
 @triton.jit
-def _commit_anchor(X, Codes, SCodes, ScaleOffset, SScaleOffset, kv, head, loc, tok, t_mask,
-                   s_loop, s_tok, s_head, rot, s_rterm, s_rrow, alpha, rmat, A: tl.constexpr,
+def _commit_anchor(K, V, SKV, Codes, SCodes, ScaleOffset, SScaleOffset, kv, head, loc, tok,
+                   t_mask, rot, s_rterm, s_rrow, alpha, rmat, A: tl.constexpr,
                    BITS: tl.constexpr,
                    HAS_ROT: tl.constexpr, TERMS: tl.constexpr, D: tl.constexpr,
                    DP: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr,
                    BLOCK_T: tl.constexpr, HOIST_R: tl.constexpr,
                    INTERP: tl.constexpr):
     """Quantize and store anchor loop ``A``; returns the dequantized anchor ``[BLOCK_T, DP]``."""
-    xa = _load_loop(X, A, s_loop, s_tok, s_head, head, tok, t_mask, rot, s_rterm, s_rrow, alpha,
-                    rmat, D, DP, HAS_ROT, TERMS, HOIST_R, INTERP)
+    xa = _load_loop(K, V, SKV, kv, A, head, tok, t_mask, rot, s_rterm, s_rrow, alpha, rmat, D,
+                    DP, HAS_ROT, TERMS, HOIST_R, INTERP)
     qa, sa, oa = _quantize(xa, (1 << BITS[A]) - 1, BLOCK_T, NGP, G, INTERP)
     _store_loop(qa, sa, oa, loc, t_mask,
                 Codes[A] + kv * SCodes[3 * A + 1] + head * SCodes[3 * A + 2], SCodes[3 * A],
@@ -132,17 +138,16 @@ def _commit_anchor(X, Codes, SCodes, ScaleOffset, SScaleOffset, kv, head, loc, t
 
 
 @triton.jit
-def _commit_residual(X, Codes, SCodes, ScaleOffset, SScaleOffset, Coef, SCoef, kv, head, loc,
-                     tok, t_mask, s_loop, s_tok, s_head, rot, s_rterm, s_rrow, alpha, rmat, ahat,
-                     den,
+def _commit_residual(K, V, SKV, Codes, SCodes, ScaleOffset, SScaleOffset, Coef, SCoef, kv, head,
+                     loc, tok, t_mask, rot, s_rterm, s_rrow, alpha, rmat, ahat, den,
                      I: tl.constexpr, BITS: tl.constexpr, LSQ: tl.constexpr,
                      HAS_ROT: tl.constexpr, TERMS: tl.constexpr, D: tl.constexpr,
                      DP: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr,
                      BLOCK_T: tl.constexpr, HOIST_R: tl.constexpr,
                      INTERP: tl.constexpr):
     """LSQ coefficient, residual against ``ahat``, quantize and store loop ``I``."""
-    xi = _load_loop(X, I, s_loop, s_tok, s_head, head, tok, t_mask, rot, s_rterm, s_rrow, alpha,
-                    rmat, D, DP, HAS_ROT, TERMS, HOIST_R, INTERP)
+    xi = _load_loop(K, V, SKV, kv, I, head, tok, t_mask, rot, s_rterm, s_rrow, alpha, rmat, D,
+                    DP, HAS_ROT, TERMS, HOIST_R, INTERP)
     if LSQ:
         c = to_bf16(tl.div_rn(tl.sum(xi * ahat, axis=1), den), INTERP)
         cptr = Coef[I] + kv * SCoef[3 * I + 1] + head * SCoef[3 * I + 2]
@@ -161,7 +166,8 @@ def _commit_residual(X, Codes, SCodes, ScaleOffset, SScaleOffset, Coef, SCoef, k
 
 @triton.jit
 def rq_commit_kernel(
-    K, V, s_loop, s_tok, s_head,  # [L, T, H, D] bf16, last dim contiguous (same strides)
+    K, V, SKV,  # L-tuples of [T, H, D] bf16, last dim contiguous; (token, head) strides of
+    #            K[0], V[0], K[1], ... flattened
     Loc, num_tokens,  # [T] int64
     # per-loop tuples; strides flattened (row, kv, head)
     Codes, SCodes, ScaleOffset, SScaleOffset, Coef, SCoef,
@@ -183,19 +189,14 @@ def rq_commit_kernel(
         rmat = tl.load(rot + i[:, None] * s_rrow + i[None, :])
     else:
         rmat = tl.zeros([1], tl.bfloat16)
-    if kv == 0:
-        X = K
-    else:
-        X = V
     for g0 in tl.static_range(0, NUM_LOOPS, GROUP_LEN):
-        ahat = _commit_anchor(X, Codes, SCodes, ScaleOffset, SScaleOffset, kv, head, loc, tok,
-                              t_mask, s_loop, s_tok, s_head, rot, s_rterm, s_rrow, alpha, rmat,
-                              g0 + ANCHOR_POS, BITS, HAS_ROT, TERMS, D, DP, G, NG, NGP, BLOCK_T,
-                              HOIST_R, INTERP)
+        ahat = _commit_anchor(K, V, SKV, Codes, SCodes, ScaleOffset, SScaleOffset, kv, head, loc,
+                              tok, t_mask, rot, s_rterm, s_rrow, alpha, rmat, g0 + ANCHOR_POS,
+                              BITS, HAS_ROT, TERMS, D, DP, G, NG, NGP, BLOCK_T, HOIST_R, INTERP)
         den = tl.maximum(tl.sum(ahat * ahat, axis=1), 1e-12)
         for j in tl.static_range(GROUP_LEN):
             if j != ANCHOR_POS:
-                _commit_residual(X, Codes, SCodes, ScaleOffset, SScaleOffset, Coef, SCoef, kv, head,
-                                 loc, tok, t_mask, s_loop, s_tok, s_head, rot, s_rterm, s_rrow,
-                                 alpha, rmat, ahat, den, g0 + j, BITS, LSQ, HAS_ROT, TERMS, D, DP,
+                _commit_residual(K, V, SKV, Codes, SCodes, ScaleOffset, SScaleOffset, Coef, SCoef,
+                                 kv, head, loc, tok, t_mask, rot, s_rterm, s_rrow, alpha, rmat,
+                                 ahat, den, g0 + j, BITS, LSQ, HAS_ROT, TERMS, D, DP,
                                  G, NG, NGP, BLOCK_T, HOIST_R, INTERP)

@@ -132,6 +132,22 @@ def _max_step(view, loc, loop):
     return s_a * c + s_r
 
 
+def test_commit_reads_loops_where_they_lie(device):
+    """The serving pool's call: the earlier loops are slices of its staging buffer ([G-1, n, 2,
+    H, D]: K and V interleaved per token) and the last loop's K and V are separate tensors with
+    other strides (V a column slice of a wider projection). Same bytes as the twin given the
+    stacked [L, T, H, D] loops."""
+    tokens = 1031 if device == "cuda" else 21
+    (ours, ref), loc, k, v = _pools(RQConfig(), 4, 2, 64, tokens, "cfg", device, seed=8)
+    staging = torch.stack([k[:3], v[:3]], dim=2)  # [3, T, 2, H, D]
+    wide = torch.cat([torch.zeros_like(v[3]), v[3]], dim=-1)  # [T, H, 2D]
+    k_last, v_last = k[3].clone(), wide[..., 64:]
+    assert v_last.stride() != k_last.stride()
+    commit([*staging[:, :, 0], k_last], [*staging[:, :, 1], v_last], loc, ours)
+    commit_reference(k, v, loc, ref)
+    _compare(ours, ref, exact=device != "cuda")
+
+
 def test_commit_special_groups_exact(device):
     """Zero and constant (FP8-representable) groups reconstruct exactly; large outliers stay
     within half a step of their group."""
