@@ -4,7 +4,7 @@
 #
 #   benchmarks/gpu_session.sh STEP...
 #   steps: doctor gpuserver gputests kernels bench-extend bench-decode ops serving-card
-#          serving-budget tp2 profile-prefill
+#          serving-budget tp2 profile-server
 #
 # Env: BUNDLE (default .gpu-bundle/sglang-rq-bundle.tar.xz, from `sglang-rq bundle`), SITE (where
 # it is unpacked, default /tmp/rq-site), OUT (results, default /tmp/rq-out), DATA (held-out text,
@@ -47,8 +47,8 @@ for step in "$@"; do
     serving-card|serving-budget)
       timeout 560 python3 benchmarks/bench_serving.py --out "$OUT/serving" --tokenizer "$TOK" \
         --suite "${step#serving-}" $([ $step = serving-card ] && echo "${CARD_ARGS:-}") 2>&1 | tail -40 ;;
-    profile-prefill)
-      timeout 500 python3 benchmarks/profile_prefill.py --out "$OUT/profile_prefill" --tokenizer "$TOK" \
+    profile-server)
+      timeout 540 python3 benchmarks/profile_server.py --out "$OUT/profile_server" --tokenizer "$TOK" \
         ${BENCH_ARGS:-} 2>&1 | tail -30 ;;
     tp2)
       timeout 200 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu_tp.py 2>&1 \

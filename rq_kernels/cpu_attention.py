@@ -18,6 +18,8 @@ ValueError; the serving package runs the PyTorch twin for them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import ctypes
 import hashlib
 import os
@@ -307,13 +309,14 @@ def _commit_args(view: CompressedLayerView) -> tuple[ctypes.Array, torch.Tensor]
     return _COMMIT_ARGS[key]
 
 
-def commit_cpu(k_loops: torch.Tensor, v_loops: torch.Tensor, loc: torch.Tensor,
-               view: CompressedLayerView) -> None:
+def commit_cpu(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tensor],
+               loc: torch.Tensor, view: CompressedLayerView) -> None:
     """Compress every loop of ``num_tokens`` tokens into pool rows ``loc`` on CPU.
 
     Same signature and semantics as `sglang_rq.reference.commit_reference` (its twin) and
-    `rq_kernels.commit`: ``k_loops``/``v_loops`` ``[num_loops, num_tokens, num_kv_heads,
-    head_dim]`` float, ``loc`` ``[num_tokens]`` integer rows (distinct), ``view`` written in place.
+    `rq_kernels.commit`: ``k_loops``/``v_loops`` ``num_loops`` float tensors ``[num_tokens,
+    num_kv_heads, head_dim]`` (or one ``[num_loops, ...]`` tensor), ``loc`` ``[num_tokens]``
+    integer rows (distinct), ``view`` written in place.
     The rotation is the twin's own einsum; the C library then quantizes each (token, K-or-V, head)
     in the twin's arithmetic order (DESIGN.md section 1), so every byte equals the twin's except
     where the least-squares dot products, summed in another order, round ``c`` to the other
@@ -324,9 +327,10 @@ def commit_cpu(k_loops: torch.Tensor, v_loops: torch.Tensor, loc: torch.Tensor,
     if why is not None:
         raise ValueError(f"commit_cpu cannot serve this call: {why} (run the PyTorch twin in "
                          "sglang_rq.reference instead)")
-    if k_loops.device.type != "cpu" or loc.device.type != "cpu":
-        raise ValueError(f"commit_cpu needs CPU tensors, got K/V on {k_loops.device}")
-    x = torch.stack([k_loops, v_loops], dim=2).float()  # [L, T, 2, H, D], the pool rows' order
+    ks, vs = tuple(k_loops), tuple(v_loops)
+    if ks[0].device.type != "cpu" or loc.device.type != "cpu":
+        raise ValueError(f"commit_cpu needs CPU tensors, got K/V on {ks[0].device}")
+    x = torch.stack([torch.stack(ks), torch.stack(vs)], dim=2).float()  # [L, T, 2, H, D]
     if view.rotation is not None:
         x = torch.einsum("...hd,hde->...he", x, view.rotation.float())
     x = x.contiguous()

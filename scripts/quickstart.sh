@@ -19,7 +19,8 @@ done
 DATA_DIR=${SGLANG_RQ_DATA_DIR:-../shared/data}
 QUESTION=$("$VENV/bin/python" -c "
 import json, sys; print(json.loads(open(sys.argv[1] + '/gsm8k/test.jsonl').readline())['question'])" "$DATA_DIR" 2>/dev/null \
-  || echo "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?")
+  || { echo "no $DATA_DIR/gsm8k/test.jsonl (set SGLANG_RQ_DATA_DIR): asking the built-in question" >&2
+       echo "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?"; })
 BODY=$("$VENV/bin/python" -c "import json,sys; print(json.dumps({'model': 'default', 'temperature': 0, 'max_tokens': 128,
   'messages': [{'role': 'user', 'content': sys.argv[1]}]}))" "$QUESTION")
 echo "Q: $QUESTION"

@@ -127,7 +127,7 @@ def test_cpu_commit_matches_twin(name, cfg, loops, hkv, dim, tokens, rot):
     assert cpu_attention.commit_fallback_reason(mine) is None
     k, v = loop_kv(loops, tokens, hkv, dim, seed=9, group_size=cfg.group_size)
     loc = torch.randperm(tokens + 4, generator=torch.Generator().manual_seed(2))[:tokens] + 1
-    cpu_attention.commit_cpu(k, v, loc, mine)
+    cpu_attention.commit_cpu([*k], [*v], loc, mine)  # per-loop tensors, as the pool passes
     commit_reference(k, v, loc, twin)
     # Every byte equal, except tie flips of c (the LSQ dot products are summed in another
     # order; measured: 0 bytes in every case here, 16 of 3.1M at 2,000 tokens x 4 heads x 128):

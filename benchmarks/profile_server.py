@@ -1,20 +1,25 @@
-"""Where a real server's chunked prefill spends its time: BF16 pool vs the ResidualQuant pool.
+"""Where a real server's prefill and decode steps spend their time: BF16 pool vs the
+ResidualQuant pool.
 
-The serving card shows RQ's 2k-token prefill chunks at a third to a half of BF16's tokens/s
-although the extend attention alone is within 1.1x of FlashAttention (bench_extend). This starts
-the same server as `bench_serving` (Ouro-1.4B-shaped checkpoint, same flags) once per arm and:
+The serving card showed RQ's 2k-token prefill chunks well behind BF16's although the extend
+attention alone is within 1.1x of FlashAttention (bench_extend), and batch-1 decode at 0.76x
+although the decode kernel alone is faster than SDPA. This starts the same server as
+`bench_serving` (Ouro-1.4B-shaped checkpoint, same flags) once per arm and:
 
-1. times prefill without a profiler: requests of ``--tokens`` new random ids (no cache hits) with
-   one output token, after a warm-up request (JIT); wall seconds and tokens/s per request;
-2. profiles the prefill forwards of one more request with SGLang's ``/start_profile``
-   (PyTorch profiler, CPU + CUDA) and summarises the trace: per forward step the CPU span and
-   the GPU busy time (the rest is GPU idle: host-bound), kernel time by kernel and by kind,
-   CUDA runtime calls (syncs) and the top CPU ops.
+1. times prefill without a profiler: prompts of ``--tokens`` fresh random ids (no cache hits),
+   one output token, after a warm-up request (JIT); wall seconds and tokens/s;
+2. profiles the prefill forwards of one more prompt with SGLang's ``/start_profile`` (PyTorch
+   profiler, CPU + CUDA) and summarises the trace per forward step: CPU span, GPU busy time
+   (the union of its kernels; the rest of the span the GPU idles: host-bound), kernel time by
+   kind, CUDA runtime/driver calls (syncs, launches) and the top aten ops;
+3. times batch-1 decode after a 128-token prompt (TPOT from two requests' difference) and
+   profiles 8 decode steps (CUDA-graph replays: kernel count and GPU time per step).
 
-``python benchmarks/profile_prefill.py --out DIR --tokenizer TOK [--arms bf16,rq]``
-``python benchmarks/profile_prefill.py --summarise TRACE.json.gz`` (a trace already written)
+``python benchmarks/profile_server.py --out DIR --tokenizer TOK [--arms bf16,rq] [--with-stack]``
+``python benchmarks/profile_server.py --summarise TRACE.json.gz`` (a trace already written)
+``python benchmarks/profile_server.py --smoke`` (CPU check: the embedded model, small sizes)
 
-Writes ``DIR/profile_prefill.json``.
+Writes ``DIR/profile_server.json``.
 """
 
 from __future__ import annotations
@@ -125,13 +130,32 @@ def summarise(trace_path: Path, top: int = 25) -> dict:
             "cpu_ops_top_ms": table(cpu_ops, top), "python_inclusive_top_ms": table(py, 2 * top)}
 
 
-def _generate(server: Server, ids: list[int]) -> float:
+def _generate(server: Server, ids: list[int], max_new_tokens: int = 1) -> float:
     t = time.perf_counter()
     r = requests.post(server.url + "/generate", json={
-        "input_ids": ids, "sampling_params": {"max_new_tokens": 1, "ignore_eos": True}},
-        timeout=600)
+        "input_ids": ids, "sampling_params": {"max_new_tokens": max_new_tokens,
+                                              "ignore_eos": True}}, timeout=600)
     r.raise_for_status()
     return time.perf_counter() - t
+
+
+def _profile(server: Server, args: argparse.Namespace, pdir: Path, stage: str, steps: int,
+             run) -> dict | str:
+    """Profile ``steps`` forward steps of ``stage`` ("prefill" or "decode") while ``run()``
+    sends requests; the summary of the trace SGLang writes to ``pdir``."""
+    r = requests.post(server.url + "/start_profile", json={
+        "output_dir": str(pdir), "num_steps": steps,
+        "activities": ["CPU"] if args.smoke else ["CPU", "GPU"],
+        "profile_by_stage": True, "profile_stages": [stage], "with_stack": args.with_stack,
+        "record_shapes": False, "profile_prefix": stage}, timeout=60)
+    r.raise_for_status()
+    run()
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(pdir.glob("*.trace.json*")):
+        time.sleep(1)
+    traces = sorted(pdir.glob("*.trace.json*"))
+    time.sleep(2)  # the export finishes writing
+    return summarise(traces[-1]) if traces else "no trace written"
 
 
 def run_arm(arm: str, args: argparse.Namespace, model: Path, out: Path, rng: random.Random
@@ -141,30 +165,31 @@ def run_arm(arm: str, args: argparse.Namespace, model: Path, out: Path, rng: ran
     tmp.mkdir(parents=True, exist_ok=True)
     server = Server(flags, tmp / f"server_profile_{arm}.log")
 
-    def ids() -> list[int]:
-        return [rng.randrange(100, args.vocab - 100) for _ in range(args.tokens)]
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(100, args.vocab - 100) for _ in range(n)]
 
     result: dict = {"flags": flags}
     try:
-        result["warmup_s"] = round(_generate(server, ids()), 3)
-        walls = [_generate(server, ids()) for _ in range(args.reps)]
+        # prefill: prompts of --tokens fresh ids, one output token
+        result["warmup_s"] = round(_generate(server, ids(args.tokens)), 3)
+        walls = [_generate(server, ids(args.tokens)) for _ in range(args.reps)]
         result["prefill_s"] = [round(w, 4) for w in walls]
         result["prefill_tok_s_median"] = round(args.tokens / sorted(walls)[len(walls) // 2])
-        pdir = out / f"trace_{arm}"
-        r = requests.post(server.url + "/start_profile", json={
-            "output_dir": str(pdir), "num_steps": args.tokens // args.chunk,
-            "activities": ["CPU"] if args.smoke else ["CPU", "GPU"],
-            "profile_by_stage": True, "profile_stages": ["prefill"], "with_stack": args.with_stack,
-            "record_shapes": False, "profile_prefix": arm}, timeout=60)
-        r.raise_for_status()
-        result["profiled_request_s"] = round(_generate(server, ids()), 3)
-        _generate(server, ids()[:16])  # one more prefill step stops the profiler
-        deadline = time.time() + 120
-        while time.time() < deadline and not list(pdir.glob("*.trace.json*")):
-            time.sleep(1)
-        traces = sorted(pdir.glob("*.trace.json*"))
-        time.sleep(2)  # the export finishes writing
-        result["profile"] = summarise(traces[-1]) if traces else "no trace written"
+
+        def one_prefill() -> None:
+            result["profiled_request_s"] = round(_generate(server, ids(args.tokens)), 3)
+            _generate(server, ids(16))  # one more prefill step stops the profiler
+
+        result["profile"] = _profile(server, args, out / f"trace_{arm}_prefill", "prefill",
+                                     args.tokens // args.chunk, one_prefill)
+        # decode, batch 1, short prompt: TPOT from the difference of two requests
+        short, n_out = 128, args.decode_tokens
+        t1 = min(_generate(server, ids(short)) for _ in range(args.reps))
+        tn = min(_generate(server, ids(short), n_out + 1) for _ in range(args.reps))
+        result["decode_b1_tpot_ms"] = round((tn - t1) / n_out * 1e3, 3)
+        result["decode_profile"] = _profile(
+            server, args, out / f"trace_{arm}_decode", "decode", 8,
+            lambda: _generate(server, ids(short), 16))
     finally:
         server.stop()
     return result
@@ -172,12 +197,15 @@ def run_arm(arm: str, args: argparse.Namespace, model: Path, out: Path, rng: ran
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("/tmp/rq-out/profile_prefill"))
+    ap.add_argument("--out", type=Path, default=Path("/tmp/rq-out/profile_server"))
     ap.add_argument("--tokenizer", type=Path)
     ap.add_argument("--model", type=Path, default=Path("/tmp/ouro-1.4b-random"))
     ap.add_argument("--arms", default="bf16,rq")
-    ap.add_argument("--tokens", type=int, default=8192, help="prompt length (a multiple of the 2048-token chunk)")
+    ap.add_argument("--tokens", type=int, default=8192,
+                    help="prompt length (a multiple of the 2048-token chunk)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--decode-tokens", type=int, default=256,
+                    help="output tokens of the batch-1 TPOT measurement")
     ap.add_argument("--with-stack", action="store_true",
                     help="record Python frames too (slower host; inclusive time per function of "
                          "sglang_rq and rq_kernels)")
@@ -191,7 +219,7 @@ def main() -> None:
         from sglang_rq.models.embedded import EMBEDDED_MODEL
 
         args.model = args.tokenizer = EMBEDDED_MODEL
-        args.tokens, args.chunk, args.reps = 512, 256, 1
+        args.tokens, args.chunk, args.reps, args.decode_tokens = 512, 256, 1, 8
         args.vocab = json.loads((EMBEDDED_MODEL / "config.json").read_text())["vocab_size"]
         COMMON[COMMON.index("--context-length") + 1] = "1024"
         COMMON[COMMON.index("--chunked-prefill-size") + 1] = "256"
@@ -204,16 +232,20 @@ def main() -> None:
     rng = random.Random(0)
     results = {arm: run_arm(arm, args, model, args.out, rng) for arm in args.arms.split(",")}
     if {"bf16", "rq"} <= results.keys():
-        results["rq_over_bf16_prefill_tok_s"] = round(
-            results["rq"]["prefill_tok_s_median"] / results["bf16"]["prefill_tok_s_median"], 3)
-    (args.out / "profile_prefill.json").write_text(json.dumps(results, indent=1))
-    for arm, r in results.items():
-        if isinstance(r, dict):
-            print(arm, r.get("prefill_s"), r.get("prefill_tok_s_median"))
-            for s in (r.get("profile") or {}).get("steps", []) if isinstance(r.get("profile"), dict) else []:
-                print("  ", s)
-    print(results.get("rq_over_bf16_prefill_tok_s"))
-
+        b, r = results["bf16"], results["rq"]
+        results["rq_over_bf16"] = {
+            "prefill_tok_s": round(r["prefill_tok_s_median"] / b["prefill_tok_s_median"], 3),
+            "decode_b1_tok_s": round(b["decode_b1_tpot_ms"] / r["decode_b1_tpot_ms"], 3)}
+    (args.out / "profile_server.json").write_text(json.dumps(results, indent=1))
+    for arm in args.arms.split(","):
+        r = results[arm]
+        print(f"{arm}: prefill {r['prefill_s']} s ({r['prefill_tok_s_median']} tok/s), "
+              f"decode b1 TPOT {r['decode_b1_tpot_ms']} ms")
+        for key in ("profile", "decode_profile"):
+            if isinstance(r[key], dict):
+                for step in r[key]["steps"]:
+                    print("  ", step)
+    print("rq/bf16:", results.get("rq_over_bf16"))
 
 if __name__ == "__main__":
     main()
