@@ -150,10 +150,13 @@ def _profile(server: Server, args: argparse.Namespace, pdir: Path, stage: str, s
         "record_shapes": False, "profile_prefix": stage}, timeout=60)
     r.raise_for_status()
     run()
+    # SGLang writes one trace per forward mode it saw (e.g. the short prompt's EXTEND step
+    # before the DECODE steps); the stage's own is named by its mode
+    pattern = f"*-{'EXTEND' if stage == 'prefill' else 'DECODE'}.trace.json*"
     deadline = time.time() + 120
-    while time.time() < deadline and not list(pdir.glob("*.trace.json*")):
+    while time.time() < deadline and not list(pdir.glob(pattern)):
         time.sleep(1)
-    traces = sorted(pdir.glob("*.trace.json*"))
+    traces = sorted(pdir.glob(pattern))
     time.sleep(2)  # the export finishes writing
     return summarise(traces[-1]) if traces else "no trace written"
 

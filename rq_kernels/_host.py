@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import torch
-import triton
 
 if TYPE_CHECKING:
     from rq_kernels.view import CompressedLayerView
@@ -19,9 +19,16 @@ def next_pow2(n: int) -> int:
 
 def interpreting(kernel) -> bool:
     """True if ``kernel`` was decorated under ``TRITON_INTERPRET=1`` (it then runs on CPU)."""
+    return isinstance(kernel, _interpreted_function())
+
+
+@functools.cache
+def _interpreted_function() -> type:
+    # NOTE: imported once, not per launch (the import statement cost ~4 µs per call, several
+    # calls per attention call)
     from triton.runtime.interpreter import InterpretedFunction
 
-    return isinstance(kernel, InterpretedFunction)
+    return InterpretedFunction
 
 
 def unsupported_reason(view: CompressedLayerView) -> str | None:
@@ -125,11 +132,19 @@ def rotation_terms(view: CompressedLayerView, padded_dim: int, device: torch.dev
 def rotation_args(view: CompressedLayerView, padded_dim: int, device: torch.device
                   ) -> tuple[tuple, int]:
     """`rotation_terms` as the kernels take it: ``((terms, term stride, head stride, row
-    stride, alpha), TERMS)``; strides 0 for the 1-element dummy of a view without rotation."""
+    stride, alpha), TERMS)``; strides 0 for the 1-element dummy of a view without rotation.
+    Kept in ``view.launch_cache`` per (padded_dim, device)."""
+    key = ("rotation_args", padded_dim, device)
+    hit = view.launch_cache.get(key)
+    if hit is not None:
+        return hit
     terms, alpha, nterms = rotation_terms(view, padded_dim, device)
     if terms.dim() != 4:
-        return (terms, 0, 0, 0, alpha), nterms
-    return (terms, terms.stride(0), terms.stride(1), terms.stride(2), alpha), nterms
+        out = (terms, 0, 0, 0, alpha), nterms
+    else:
+        out = (terms, terms.stride(0), terms.stride(1), terms.stride(2), alpha), nterms
+    view.launch_cache[key] = out
+    return out
 
 
 def prepare_view(view: CompressedLayerView) -> None:
@@ -155,7 +170,7 @@ def check_view(view: CompressedLayerView, device: torch.device) -> None:
     checked again (``view.launch_cache``): the serving pool's views are checked on their first
     launch, not on each of the ~100 launches of every forward.
     """
-    key = ("check_view", str(device))
+    key = ("check_view", device)
     if key in view.launch_cache:
         return
     ng = view.head_dim // view.cfg.group_size
@@ -177,10 +192,18 @@ def check_view(view: CompressedLayerView, device: torch.device) -> None:
     view.launch_cache[key] = True
 
 
-def attention_loop_args(view: CompressedLayerView, loop_id: int) -> tuple[list, dict]:
+def attention_loop_args(view: CompressedLayerView, loop_id: int) -> tuple[tuple, dict]:
     """Kernel arguments (anchor codes/scale_offset, residual codes/scale_offset, coef + strides)
     and constexprs for attention over loop ``loop_id``: its anchor (base) plus its own residual,
-    if any."""
+    if any. Built once per (view, loop) and kept in ``view.launch_cache``; read-only."""
+    key = ("attention_loop_args", loop_id)
+    hit = view.launch_cache.get(key)
+    if hit is None:
+        hit = view.launch_cache[key] = _attention_loop_args(view, loop_id)
+    return hit
+
+
+def _attention_loop_args(view: CompressedLayerView, loop_id: int) -> tuple[tuple, dict]:
     seg = view.segments[loop_id]
     base = view.segments[seg.base]
     a = seg.base
@@ -193,8 +216,8 @@ def attention_loop_args(view: CompressedLayerView, loop_id: int) -> tuple[list, 
         rso = view.scale_offset[loop_id] if r_bits > 0 else aso
         cf = view.coef[loop_id]
     has_coef = seg.role != "anchor" and view.coef[loop_id] is not None
-    args = [ac, *strides3(ac), aso, *strides3(aso), rc, *strides3(rc), rso, *strides3(rso),
-            cf if has_coef else ac, *(strides3(cf) if has_coef else (0, 0, 0))]
+    args = (ac, *strides3(ac), aso, *strides3(aso), rc, *strides3(rc), rso, *strides3(rso),
+            cf if has_coef else ac, *(strides3(cf) if has_coef else (0, 0, 0)))
     d, g = view.head_dim, view.cfg.group_size
     dp = next_pow2(d)
     consts = dict(D=d, DP=dp, G=g, NG=d // g, NGP=dp // g, A_BITS=base.bits, R_BITS=r_bits,
@@ -203,7 +226,9 @@ def attention_loop_args(view: CompressedLayerView, loop_id: int) -> tuple[list, 
 
 
 def cdiv(a: int, b: int) -> int:
-    return triton.cdiv(a, b)
+    """``ceil(a / b)`` for host ints (``triton.cdiv`` is a constexpr function: ~15 µs a call
+    from Python)."""
+    return -(-a // b)
 
 
 def check_decode_args(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
