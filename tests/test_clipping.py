@@ -90,3 +90,33 @@ def test_capture_warmup_counts_are_discarded():
     c.serving()  # later forwards keep their counts
     assert c.flush(force=True) == [0, 8]
     assert c.counts is counts  # graphs that recorded the tensor keep counting into it
+
+
+def test_pool_counts_one_forward_per_layer_and_loop():
+    """Through the pool: one forward saves every (loop, layer) slot and the count runs once,
+    after the last slot. Layer 1's anchor (loop 3, the last) holds K with the ``j = 5``,
+    ``a = 1e4`` outlier of the module docstring in KV head 0 of each of 5 tokens: 4 saturated
+    groups per token there (20), nothing anywhere else (the other loops and layers have
+    ordinary K, V = 0; layer 1's residual loops stay ordinary: their LSQ coefficient against
+    the outlier anchor is ~0)."""
+    from sglang_rq.layout import kv_slot
+    from sglang_rq.pool import bind_pool_class
+
+    layers, loops, heads, n = 3, 4, 2, 5
+    shape = ModelKVShape(num_layers=layers, num_loops=loops, num_kv_heads=heads, head_dim=D)
+    cls = bind_pool_class(cfg=RQConfig(), shape=shape, staging_tokens=8)
+    pool = cls(size=16, page_size=1, dtype=torch.bfloat16, head_num=heads, head_dim=D,
+               layer_num=layers * loops, device="cpu", enable_memory_saver=False)
+    loc = torch.arange(1, n + 1)
+    ordinary = torch.randn(n, heads, D, generator=torch.Generator().manual_seed(0))
+    v = torch.zeros(n, heads, D)
+    slots = sorted((kv_slot(loop, layer, layers), loop, layer)
+                   for loop in range(loops) for layer in range(layers))
+    for slot, loop, layer in slots:  # SGLang's call order: slot ids ascending
+        k = ordinary.clone()
+        if (layer, loop) == (1, 3):
+            k[:, 0, 5] = 1e4
+        pool.save(slot, k.to(torch.bfloat16), v.to(torch.bfloat16), loc)
+    expected = torch.zeros(layers, loops, dtype=torch.int64)
+    expected[1, 3] = n * (D // G)
+    assert torch.equal(pool.rq_clip.counts, expected), pool.rq_clip.counts
