@@ -64,6 +64,7 @@ def commit(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tensor], loc
     tests/kernels/test_commit.py). CUDA-graph safe once the view is prepared (`rq_kernels.prepare_view`) or after one eager call.
     """
     ks, vs = tuple(k_loops), tuple(v_loops)
+    assert ks and len(ks) == len(vs), f"{len(ks)} K and {len(vs)} V loops: need one or more each"
     require_kernel("commit", unsupported_reason(view), rq_commit_kernel, ks[0])
     L, (T, H, D) = len(ks), ks[0].shape
     dev = ks[0].device
@@ -73,7 +74,7 @@ def commit(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tensor], loc
             f"must be [{T}, {H}, {D}] on {dev}")
         assert k.dtype == v.dtype == torch.bfloat16, f"K/V must be bf16, got {k.dtype}/{v.dtype}"
         assert k.stride(-1) == v.stride(-1) == 1, f"loop {i}: K/V last dim must be contiguous"
-    assert L == len(vs) == len(view.segments) and D == view.head_dim, (
+    assert L == len(view.segments) and D == view.head_dim, (
         f"{L} K and {len(vs)} V loops of head_dim {D} do not match the view "
         f"({len(view.segments)} loops, head_dim {view.head_dim})")
     assert loc.shape == (T,) and loc.dtype == torch.int64 and loc.device == dev, (

@@ -328,6 +328,7 @@ def commit_cpu(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tensor],
         raise ValueError(f"commit_cpu cannot serve this call: {why} (run the PyTorch twin in "
                          "sglang_rq.reference instead)")
     ks, vs = tuple(k_loops), tuple(v_loops)
+    assert ks and len(ks) == len(vs), f"{len(ks)} K and {len(vs)} V loops: need one or more each"
     if ks[0].device.type != "cpu" or loc.device.type != "cpu":
         raise ValueError(f"commit_cpu needs CPU tensors, got K/V on {ks[0].device}")
     x = torch.stack([torch.stack(ks), torch.stack(vs)], dim=2).float()  # [L, T, 2, H, D]

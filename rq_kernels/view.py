@@ -69,6 +69,10 @@ class CompressedLayerView:
     ``[num_kv_heads, D, D]`` float32 (on the pool's device) or None. ``rows = pool size +
     page_size``; row 0 is SGLang's padding slot. ``segments[i]`` says how loop ``i`` is stored,
     ``cfg`` the format-wide choices.
+
+    A view's tensors are fixed for its life (their contents change, never which tensors they
+    are): the launchers check them and build their arguments once per view (``launch_cache``).
+    A view over other tensors is a new view.
     """
 
     codes: list[torch.Tensor]

@@ -40,19 +40,16 @@ FP8_NEG_MAX_BYTE = 0xFE  # -448 in e4m3fn
 FLUSH_INTERVAL_S = 1.0
 
 
+def saturated(scale_offset: torch.Tensor) -> torch.Tensor:
+    """``[..., D/g]`` bool: the groups of ``scale_offset`` (``[..., D/g, 2]`` uint8, FP8 e4m3fn
+    (scale, offset) bytes as the pool stores them) whose scale is +448 or offset is -448."""
+    return (scale_offset[..., 0] == FP8_POS_MAX_BYTE) | (scale_offset[..., 1] == FP8_NEG_MAX_BYTE)
+
+
 def saturated_groups(scale_offset: torch.Tensor) -> torch.Tensor:
-    """Groups whose FP8 scale is +448 or offset is -448.
-
-    Parameters
-    ----------
-    scale_offset: ``[..., D/g, 2]`` uint8, FP8 e4m3fn (scale, offset) bytes as the pool stores them.
-
-    Returns
-    -------
-    ``[...]`` int64: saturated groups per row (summed over the ``D/g`` groups).
-    """
-    sat = (scale_offset[..., 0] == FP8_POS_MAX_BYTE) | (scale_offset[..., 1] == FP8_NEG_MAX_BYTE)
-    return sat.sum(-1, dtype=torch.int64)
+    """``[...]`` int64: the `saturated` groups per row of ``scale_offset`` ``[..., D/g, 2]``
+    (summed over the ``D/g`` groups)."""
+    return saturated(scale_offset).sum(-1, dtype=torch.int64)
 
 
 class ClipCounter:
@@ -74,7 +71,9 @@ class ClipCounter:
         Tensor ops only (a handful per call, whatever the layer count): safe inside CUDA-graph
         capture, no host sync.
         """
-        per_layer = saturated_groups(scale_offset_rows).flatten(1).sum(1)
+        # a bool mask summed once: no int64 copy of the rows (an 8k-token forward gathers
+        # ~50 MB of rows per loop for Ouro-1.4B)
+        per_layer = saturated(scale_offset_rows).flatten(1).sum(1)
         self.counts[:, loop].index_add_(0, layers, per_layer)
 
     def capture_warmup(self) -> None:

@@ -92,31 +92,34 @@ def test_capture_warmup_counts_are_discarded():
     assert c.counts is counts  # graphs that recorded the tensor keep counting into it
 
 
-def test_pool_counts_one_forward_per_layer_and_loop():
-    """Through the pool: one forward saves every (loop, layer) slot and the count runs once,
-    after the last slot. Layer 1's anchor (loop 3, the last) holds K with the ``j = 5``,
-    ``a = 1e4`` outlier of the module docstring in KV head 0 of each of 5 tokens: 4 saturated
-    groups per token there (20), nothing anywhere else (the other loops and layers have
-    ordinary K, V = 0; layer 1's residual loops stay ordinary: their LSQ coefficient against
-    the outlier anchor is ~0)."""
-    from sglang_rq.layout import kv_slot
+@pytest.mark.parametrize("prelude,core,coda,outliers", [
+    (0, 3, 0, [(1, 3)]),                   # Ouro-like: layer 1's anchor (loop 3, the last)
+    (1, 2, 1, [(0, 0), (2, 3), (3, 0)]),   # Huginn-like: prelude, core layer 1's anchor, coda
+], ids=["looped", "prelude_core_coda"])
+def test_pool_counts_one_forward_per_layer_and_loop(prelude, core, coda, outliers):
+    """Through the pool: one forward saves every slot and the count runs once, after the last
+    slot. At each (physical layer, loop) in ``outliers`` K holds the ``j = 5``, ``a = 1e4``
+    outlier of the module docstring in KV head 0 of each of 5 tokens: 4 saturated groups per
+    token there (20), nothing anywhere else (other slots have ordinary K, V = 0; a layer's
+    residual loops stay ordinary: their LSQ coefficient against the outlier anchor is ~0). The
+    prelude and coda are their own stack (one loop), numbered around the core's layers."""
     from sglang_rq.pool import bind_pool_class
 
-    layers, loops, heads, n = 3, 4, 2, 5
-    shape = ModelKVShape(num_layers=layers, num_loops=loops, num_kv_heads=heads, head_dim=D)
-    cls = bind_pool_class(cfg=RQConfig(), shape=shape, staging_tokens=8)
+    loops, heads, n = 4, 2, 5
+    shape = ModelKVShape(num_layers=core, num_loops=loops, num_kv_heads=heads, head_dim=D,
+                         prelude_layers=prelude, coda_layers=coda)
+    cls = bind_pool_class(cfg=RQConfig(unlooped_bits=4), shape=shape, staging_tokens=8)
     pool = cls(size=16, page_size=1, dtype=torch.bfloat16, head_num=heads, head_dim=D,
-               layer_num=layers * loops, device="cpu", enable_memory_saver=False)
+               layer_num=shape.num_slots, device="cpu", enable_memory_saver=False)
     loc = torch.arange(1, n + 1)
     ordinary = torch.randn(n, heads, D, generator=torch.Generator().manual_seed(0))
     v = torch.zeros(n, heads, D)
-    slots = sorted((kv_slot(loop, layer, layers), loop, layer)
-                   for loop in range(loops) for layer in range(layers))
-    for slot, loop, layer in slots:  # SGLang's call order: slot ids ascending
+    for slot, place in enumerate(shape.slot_places()):  # SGLang's call order: slot ids ascending
         k = ordinary.clone()
-        if (layer, loop) == (1, 3):
+        if (place.block, place.loop) in outliers:
             k[:, 0, 5] = 1e4
         pool.save(slot, k.to(torch.bfloat16), v.to(torch.bfloat16), loc)
-    expected = torch.zeros(layers, loops, dtype=torch.int64)
-    expected[1, 3] = n * (D // G)
+    expected = torch.zeros(prelude + core + coda, loops, dtype=torch.int64)
+    for block, loop in outliers:
+        expected[block, loop] = n * (D // G)
     assert torch.equal(pool.rq_clip.counts, expected), pool.rq_clip.counts
