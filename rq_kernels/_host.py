@@ -101,14 +101,16 @@ def rotation_terms(view: CompressedLayerView, padded_dim: int, device: torch.dev
     gives fp32-accurate rotations. Built once per view (`prepare_view`, which the serving pool
     calls when it builds its views) and kept in ``view.kernel_rotation``; building it syncs, so
     a view not prepared must see one eager call before CUDA-graph capture. Returns a 1-element
-    dummy when the view has no rotation.
+    dummy when the view has no rotation (also kept, so no launch allocates it again).
     """
-    if view.rotation is None:
-        return torch.zeros(1, dtype=torch.bfloat16, device=device), 1.0, 1
     key = (padded_dim, str(torch.device(device)))
     hit = view.kernel_rotation.get(key)
     if hit is not None:
         return hit
+    if view.rotation is None:
+        out = torch.zeros(1, dtype=torch.bfloat16, device=device), 1.0, 1
+        view.kernel_rotation[key] = out
+        return out
     r = view.rotation.detach().to(device=device, dtype=torch.float32)
     h, d, _ = r.shape
     mag = r.abs()
@@ -132,19 +134,11 @@ def rotation_terms(view: CompressedLayerView, padded_dim: int, device: torch.dev
 def rotation_args(view: CompressedLayerView, padded_dim: int, device: torch.device
                   ) -> tuple[tuple, int]:
     """`rotation_terms` as the kernels take it: ``((terms, term stride, head stride, row
-    stride, alpha), TERMS)``; strides 0 for the 1-element dummy of a view without rotation.
-    Kept in ``view.launch_cache`` per (padded_dim, device)."""
-    key = ("rotation_args", padded_dim, device)
-    hit = view.launch_cache.get(key)
-    if hit is not None:
-        return hit
+    stride, alpha), TERMS)``; strides 0 for the 1-element dummy of a view without rotation."""
     terms, alpha, nterms = rotation_terms(view, padded_dim, device)
     if terms.dim() != 4:
-        out = (terms, 0, 0, 0, alpha), nterms
-    else:
-        out = (terms, terms.stride(0), terms.stride(1), terms.stride(2), alpha), nterms
-    view.launch_cache[key] = out
-    return out
+        return (terms, 0, 0, 0, alpha), nterms
+    return (terms, terms.stride(0), terms.stride(1), terms.stride(2), alpha), nterms
 
 
 def prepare_view(view: CompressedLayerView) -> None:

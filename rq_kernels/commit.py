@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rq_kernels._host import (
-    check_view, interpreting, next_pow2, require_kernel, rotation_args, strides3,
+    cdiv, check_view, interpreting, next_pow2, require_kernel, rotation_args, strides3,
     unsupported_reason,
 )
 from rq_kernels.triton.commit import rq_commit_kernel
@@ -95,7 +95,7 @@ def commit(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tensor], loc
     s_scale_offset = sum((strides3(m) for m in view.scale_offset), ())
     s_coef = sum((strides3(f) for f in view.coef), ())
     block_t = launch.block_t
-    grid = (triton_cdiv(T, block_t), H, 2)
+    grid = (cdiv(T, block_t), H, 2)
     interp = interpreting(rq_commit_kernel)
     s_kv = sum(((k.stride(0), k.stride(1), v.stride(0), v.stride(1)) for k, v in zip(ks, vs)), ())
     rq_commit_kernel[grid](
@@ -109,6 +109,3 @@ def commit(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tensor], loc
         enable_fp_fusion=False,
     )
 
-
-def triton_cdiv(a: int, b: int) -> int:
-    return (a + b - 1) // b
