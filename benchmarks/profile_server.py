@@ -190,9 +190,14 @@ def run_arm(arm: str, args: argparse.Namespace, model: Path, out: Path, rng: ran
         t1 = min(_generate(server, ids(short)) for _ in range(args.reps))
         tn = min(_generate(server, ids(short), n_out + 1) for _ in range(args.reps))
         result["decode_b1_tpot_ms"] = round((tn - t1) / n_out * 1e3, 3)
-        result["decode_profile"] = _profile(
-            server, args, out / f"trace_{arm}_decode", "decode", 8,
-            lambda: _generate(server, ids(short), 16))
+        # last, because stopping a trace of CUDA-graph replays can abort the server (seen on
+        # the H200, 12-02: glibc "corrupted size vs. prev_size" in the profiler's stop)
+        try:
+            result["decode_profile"] = _profile(
+                server, args, out / f"trace_{arm}_decode", "decode", 8,
+                lambda: _generate(server, ids(short), 16))
+        except requests.RequestException as e:
+            result["decode_profile"] = f"server lost while tracing decode: {e!r}"
     finally:
         server.stop()
     return result
@@ -233,7 +238,10 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     model = make_checkpoint(args.model, args.tokenizer)
     rng = random.Random(0)
-    results = {arm: run_arm(arm, args, model, args.out, rng) for arm in args.arms.split(",")}
+    results = {}
+    for arm in args.arms.split(","):
+        results[arm] = run_arm(arm, args, model, args.out, rng)
+        (args.out / "profile_server.json").write_text(json.dumps(results, indent=1))
     if {"bf16", "rq"} <= results.keys():
         b, r = results["bf16"], results["rq"]
         results["rq_over_bf16"] = {
