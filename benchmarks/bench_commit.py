@@ -35,9 +35,46 @@ VARIANTS = {  # CommitLaunch sweeps; the closed variants (IEEE division, per-loo
     "bt128_w16": dict(block_t=128, num_warps=16),
 }
 
+# a decode step's commit (one token per request, Ouro-1.4B shape): whole-group programs against
+# one loop per program, by program size
+DECODE_VARIANTS = {
+    "groups_bt64_w8": dict(block_t=64, num_warps=8, per_loop=False),
+    "groups_bt16_w4": dict(block_t=16, num_warps=4, per_loop=False),
+    "loop_bt16_w4": dict(block_t=16, num_warps=4, per_loop=True),
+    "loop_bt16_w2": dict(block_t=16, num_warps=2, per_loop=True),
+    "loop_bt32_w4": dict(block_t=32, num_warps=4, per_loop=True),
+    "loop_bt64_w8": dict(block_t=64, num_warps=8, per_loop=True),
+}
+
+
+def decode_sweep(res: dict, sizes: list[int], out) -> None:
+    """`DECODE_VARIANTS` and the default launch at each decode batch size (Ouro-1.4B shape)."""
+    view = pool(RQConfig(), 16, 128, max(sizes) + 2)
+    loops = len(view.segments)
+    res["decode_variants"] = DECODE_VARIANTS
+    res["decode_rows"] = []
+    for n in sizes:
+        k = torch.randn(loops, n, 16, 128, device=DEV, dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        loc = torch.arange(n, device=DEV) + 1
+        row = dict(tokens=n, default_us=bench(lambda: commit(k, v, loc, view)) * 1e3)  # noqa: B023
+        for name, kw in DECODE_VARIANTS.items():
+            row[name + "_us"] = bench(
+                lambda: commit(k, v, loc, view, launch=CommitLaunch(**kw))) * 1e3  # noqa: B023
+        res["decode_rows"].append(row)
+        print(f"decode commit, {n:4d} tokens: " + " | ".join(
+            f"{key[:-3]} {val:6.1f}us" for key, val in row.items() if key.endswith("_us")),
+            flush=True)
+        write_json(res, out, "bench_commit.json")
+
 
 def main() -> None:
-    a = bench_args(lambda ap: ap.add_argument("--tokens", type=int, default=4096))
+    def extra(ap):
+        ap.add_argument("--tokens", type=int, default=4096)
+        ap.add_argument("--decode-tokens", default="1,4,16,64,128",
+                        help="decode batch sizes of the few-token sweep (empty: skip it)")
+
+    a = bench_args(extra)
     tokens = 40 if a.dry_run else a.tokens
     res = dict(gpu=torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu",
                date=time.strftime("%Y-%m-%d"), tokens=tokens, variants=VARIANTS, rows=[])
@@ -70,6 +107,9 @@ def main() -> None:
         view = None  # free the pool (not `del`: the lambda above closes over it)
         if DEV == "cuda":
             torch.cuda.empty_cache()
+    if a.decode_tokens:
+        decode_sweep(res, [1, 3] if a.dry_run else [int(x) for x in a.decode_tokens.split(",")],
+                     a.out)
 
 
 if __name__ == "__main__":

@@ -20,20 +20,39 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class CommitLaunch:
-    """Launch parameters of `commit`: ``block_t`` tokens per program, ``num_warps``. The
-    default won the H200 sweep (benchmarks/bench_commit.py; 128/16 was 10 % faster on Ouro and
-    18 % slower on SmolLM2)."""
+    """Launch parameters of `commit` (None: `default_launch`'s choice for the call):
+    ``block_t`` tokens per program, ``num_warps``, and ``per_loop``: one program per (token
+    block, head, K-or-V, loop), each re-quantizing its group's anchor, instead of one per
+    (token block, head, K-or-V) running the whole group."""
 
-    block_t: int = 64
-    num_warps: int = 8
+    block_t: int | None = None
+    num_warps: int | None = None
+    per_loop: bool | None = None
+
+
+# At most this many tokens (a decode step: one per request) commit with short programs, one
+# loop each: the grid of whole-group programs would be a fraction of one wave, and each
+# program's latency four loops long.
+FEW_TOKENS = 64
+
+
+def default_launch(num_tokens: int) -> CommitLaunch:
+    """The launch `commit` uses for ``num_tokens`` new tokens. Prefill chunks: 64-token
+    programs of 8 warps over whole loop groups (won the H200 sweep of
+    benchmarks/bench_commit.py; 128/16 was 10 % faster on Ouro and 18 % slower on SmolLM2).
+    At most `FEW_TOKENS` tokens: 16-token programs of 4 warps, one loop each."""
+    if num_tokens <= FEW_TOKENS:
+        return CommitLaunch(block_t=16, num_warps=4, per_loop=True)
+    return CommitLaunch(block_t=64, num_warps=8, per_loop=False)
 
 
 def commit(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tensor], loc: torch.Tensor,
-           view: CompressedLayerView, *, launch: CommitLaunch = CommitLaunch()) -> None:
+           view: CompressedLayerView, *, launch: CommitLaunch | None = None) -> None:
     """Compress every loop of ``num_tokens`` tokens and write them to pool rows ``loc``.
 
     Same signature and semantics as `sglang_rq.reference.commit_reference` (its twin). One
-    launch per layer: grid ``(cdiv(num_tokens, block_t), num_kv_heads, 2)``.
+    launch per layer: grid ``(cdiv(num_tokens, block_t), num_kv_heads, 2)``, or ``2 *
+    num_loops`` on the last axis for a few tokens (`default_launch`).
 
     Parameters
     ----------
@@ -49,7 +68,8 @@ def commit(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tensor], loc
         code_bytes]``, ``uint8 [rows, 2, H, head_dim/group_size, 2]``, ``bf16 [rows, 2, H]``)
         are written in place; ``rotation`` ``[num_kv_heads, head_dim, head_dim]`` fp32 or None.
     launch:
-        `CommitLaunch` (tests and benchmarks only).
+        `CommitLaunch` overrides (tests and benchmarks only); None fields take
+        `default_launch`'s.
 
     Raises
     ------
@@ -94,8 +114,11 @@ def commit(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tensor], loc
                   ())
     s_scale_offset = sum((strides3(m) for m in view.scale_offset), ())
     s_coef = sum((strides3(f) for f in view.coef), ())
-    block_t = launch.block_t
-    grid = (cdiv(T, block_t), H, 2)
+    chosen = default_launch(T)
+    launch = launch or chosen
+    block_t = launch.block_t or chosen.block_t
+    per_loop = chosen.per_loop if launch.per_loop is None else launch.per_loop
+    grid = (cdiv(T, block_t), H, 2 * L if per_loop else 2)
     interp = interpreting(rq_commit_kernel)
     s_kv = sum(((k.stride(0), k.stride(1), v.stride(0), v.stride(1)) for k, v in zip(ks, vs)), ())
     rq_commit_kernel[grid](
@@ -105,7 +128,8 @@ def commit(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tensor], loc
         BITS=tuple(s.bits for s in view.segments), LSQ=cfg.lsq,
         HAS_ROT=view.rotation is not None, TERMS=nterms, D=D, DP=dp, G=cfg.group_size,
         NG=D // cfg.group_size, NGP=dp // cfg.group_size, BLOCK_T=block_t,
-        HOIST_R=nterms == 1, INTERP=interp, num_warps=launch.num_warps,
+        HOIST_R=nterms == 1, PER_LOOP=per_loop, INTERP=interp,
+        num_warps=launch.num_warps or chosen.num_warps,
         enable_fp_fusion=False,
     )
 

@@ -119,17 +119,18 @@ def _load_loop(K, V, SKV, kv, loop: tl.constexpr, head, tok, t_mask, rot, s_rter
 
 @triton.jit
 def _commit_anchor(K, V, SKV, Codes, SCodes, ScaleOffset, SScaleOffset, kv, head, loc, tok,
-                   t_mask, rot, s_rterm, s_rrow, alpha, rmat, A: tl.constexpr,
+                   t_mask, store_mask, rot, s_rterm, s_rrow, alpha, rmat, A: tl.constexpr,
                    BITS: tl.constexpr,
                    HAS_ROT: tl.constexpr, TERMS: tl.constexpr, D: tl.constexpr,
                    DP: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr,
                    BLOCK_T: tl.constexpr, HOIST_R: tl.constexpr,
                    INTERP: tl.constexpr):
-    """Quantize and store anchor loop ``A``; returns the dequantized anchor ``[BLOCK_T, DP]``."""
+    """Quantize anchor loop ``A`` and store the rows of ``store_mask``; returns the dequantized
+    anchor ``[BLOCK_T, DP]``."""
     xa = _load_loop(K, V, SKV, kv, A, head, tok, t_mask, rot, s_rterm, s_rrow, alpha, rmat, D,
                     DP, HAS_ROT, TERMS, HOIST_R, INTERP)
     qa, sa, oa = _quantize(xa, (1 << BITS[A]) - 1, BLOCK_T, NGP, G, INTERP)
-    _store_loop(qa, sa, oa, loc, t_mask,
+    _store_loop(qa, sa, oa, loc, store_mask,
                 Codes[A] + kv * SCodes[3 * A + 1] + head * SCodes[3 * A + 2], SCodes[3 * A],
                 ScaleOffset[A] + kv * SScaleOffset[3 * A + 1] + head * SScaleOffset[3 * A + 2],
                 SScaleOffset[3 * A],
@@ -175,11 +176,18 @@ def rq_commit_kernel(
     NUM_LOOPS: tl.constexpr, GROUP_LEN: tl.constexpr, ANCHOR_POS: tl.constexpr,
     BITS: tl.constexpr, LSQ: tl.constexpr, HAS_ROT: tl.constexpr, TERMS: tl.constexpr,
     D: tl.constexpr, DP: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr,
-    BLOCK_T: tl.constexpr, HOIST_R: tl.constexpr, INTERP: tl.constexpr,
+    BLOCK_T: tl.constexpr, HOIST_R: tl.constexpr, PER_LOOP: tl.constexpr,
+    INTERP: tl.constexpr,
 ):
+    """Grid ``(cdiv(num_tokens, BLOCK_T), H, 2)``: a program quantizes every loop of its tokens'
+    K (axis 2 = 0) or V. With PER_LOOP, grid ``(..., H, 2 * NUM_LOOPS)``: program ``(.., kv +
+    2 * i)`` stores loop ``i`` only, re-quantizing its group's anchor (not stored unless ``i`` is
+    the anchor) so that a few tokens (decode) take one anchor and one residual of latency
+    instead of a whole loop group's."""
     pid_t = tl.program_id(0)
     head = tl.program_id(1)
-    kv = tl.program_id(2)
+    kv = tl.program_id(2) % 2
+    sel = tl.program_id(2) // 2  # PER_LOOP: the one loop this program stores
     tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     t_mask = tok < num_tokens
     loc = tl.load(Loc + tok, mask=t_mask, other=0)
@@ -190,13 +198,30 @@ def rq_commit_kernel(
     else:
         rmat = tl.zeros([1], tl.bfloat16)
     for g0 in tl.static_range(0, NUM_LOOPS, GROUP_LEN):
-        ahat = _commit_anchor(K, V, SKV, Codes, SCodes, ScaleOffset, SScaleOffset, kv, head, loc,
-                              tok, t_mask, rot, s_rterm, s_rrow, alpha, rmat, g0 + ANCHOR_POS,
-                              BITS, HAS_ROT, TERMS, D, DP, G, NG, NGP, BLOCK_T, HOIST_R, INTERP)
-        den = tl.maximum(tl.sum(ahat * ahat, axis=1), 1e-12)
-        for j in tl.static_range(GROUP_LEN):
-            if j != ANCHOR_POS:
-                _commit_residual(K, V, SKV, Codes, SCodes, ScaleOffset, SScaleOffset, Coef, SCoef,
-                                 kv, head, loc, tok, t_mask, rot, s_rterm, s_rrow, alpha, rmat,
-                                 ahat, den, g0 + j, BITS, LSQ, HAS_ROT, TERMS, D, DP,
-                                 G, NG, NGP, BLOCK_T, HOIST_R, INTERP)
+        if PER_LOOP:
+            if (sel >= g0) & (sel < g0 + GROUP_LEN):
+                ahat = _commit_anchor(K, V, SKV, Codes, SCodes, ScaleOffset, SScaleOffset, kv,
+                                      head, loc, tok, t_mask, t_mask & (sel == g0 + ANCHOR_POS),
+                                      rot, s_rterm, s_rrow, alpha, rmat, g0 + ANCHOR_POS, BITS,
+                                      HAS_ROT, TERMS, D, DP, G, NG, NGP, BLOCK_T, HOIST_R, INTERP)
+                den = tl.maximum(tl.sum(ahat * ahat, axis=1), 1e-12)
+                for j in tl.static_range(GROUP_LEN):
+                    if j != ANCHOR_POS:
+                        if sel == g0 + j:
+                            _commit_residual(K, V, SKV, Codes, SCodes, ScaleOffset, SScaleOffset,
+                                             Coef, SCoef, kv, head, loc, tok, t_mask, rot,
+                                             s_rterm, s_rrow, alpha, rmat, ahat, den, g0 + j,
+                                             BITS, LSQ, HAS_ROT, TERMS, D, DP, G, NG, NGP,
+                                             BLOCK_T, HOIST_R, INTERP)
+        else:
+            ahat = _commit_anchor(K, V, SKV, Codes, SCodes, ScaleOffset, SScaleOffset, kv, head,
+                                  loc, tok, t_mask, t_mask, rot, s_rterm, s_rrow, alpha, rmat,
+                                  g0 + ANCHOR_POS, BITS, HAS_ROT, TERMS, D, DP, G, NG, NGP,
+                                  BLOCK_T, HOIST_R, INTERP)
+            den = tl.maximum(tl.sum(ahat * ahat, axis=1), 1e-12)
+            for j in tl.static_range(GROUP_LEN):
+                if j != ANCHOR_POS:
+                    _commit_residual(K, V, SKV, Codes, SCodes, ScaleOffset, SScaleOffset, Coef,
+                                     SCoef, kv, head, loc, tok, t_mask, rot, s_rterm, s_rrow,
+                                     alpha, rmat, ahat, den, g0 + j, BITS, LSQ, HAS_ROT, TERMS,
+                                     D, DP, G, NG, NGP, BLOCK_T, HOIST_R, INTERP)

@@ -77,14 +77,16 @@ def _compare(a, b, *, exact: bool) -> dict:
     return stats
 
 
+@pytest.mark.parametrize("per_loop", [False, True], ids=["groups", "per_loop"])
 @pytest.mark.parametrize("name,dim,loops,heads,tokens,cfg,rot", CPU_CASES,
                          ids=[c[0] for c in CPU_CASES])
-def test_commit_matches_reference(name, dim, loops, heads, tokens, cfg, rot, device):
+def test_commit_matches_reference(name, dim, loops, heads, tokens, cfg, rot, per_loop, device):
+    """Both program shapes (whole loop groups; one loop per program, the few-token default)."""
     if device == "cuda":
         pytest.skip("small interpreter case; GPU runs test_commit_real_size")
     (ours, ref), loc, k, v = _pools(cfg, loops, heads, dim, tokens, rot, device, seed=1)
     assert unsupported_reason(ours) is None
-    commit(k, v, loc, ours)
+    commit(k, v, loc, ours, launch=CommitLaunch(per_loop=per_loop))
     commit_reference(k, v, loc, ref)
     _compare(ours, ref, exact=True)
 
@@ -117,6 +119,19 @@ def test_commit_real_size(name, dim, loops, heads, tokens, cfg, rot, device):
         bound = 2 * dim ** 0.5 * _max_step(ref, loc, loop)
         bad = (diff > bound).sum().item()
         assert bad == 0, f"loop {loop}: {bad} vectors differ by more than 2 quantization steps"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 7, 64, 65])
+@pytest.mark.parametrize("cfg", [RQConfig(), RQConfig(loop_group_size=2, anchor="first")],
+                         ids=["last", "groups2_first"])
+def test_commit_decode_sizes(tokens, cfg, device):
+    """A decode step's few tokens (one per request) take the one-loop-per-program launch up to
+    `FEW_TOKENS` and the whole-group launch above: the twin's bytes within the policy."""
+    (ours, ref), loc, k, v = _pools(cfg, 4, 16, 128, tokens, "cfg", device, seed=6)
+    commit(k, v, loc, ours)
+    commit_reference(k, v, loc, ref)
+    _compare(ours, ref, exact=False)
 
 
 def _max_step(view, loc, loop):
