@@ -30,20 +30,24 @@ class CommitLaunch:
     per_loop: bool | None = None
 
 
-# At most this many tokens (a decode step: one per request) commit with short programs, one
-# loop each: the grid of whole-group programs would be a fraction of one wave, and each
-# program's latency four loops long.
+# At most this many tokens (a decode step: one per request) commit one loop per program: the
+# grid of whole-group programs would be a fraction of one wave, each program four loops long.
 FEW_TOKENS = 64
 
 
 def default_launch(num_tokens: int) -> CommitLaunch:
-    """The launch `commit` uses for ``num_tokens`` new tokens. Prefill chunks: 64-token
-    programs of 8 warps over whole loop groups (won the H200 sweep of
-    benchmarks/bench_commit.py; 128/16 was 10 % faster on Ouro and 18 % slower on SmolLM2).
-    At most `FEW_TOKENS` tokens: 16-token programs of 4 warps, one loop each."""
-    if num_tokens <= FEW_TOKENS:
+    """The launch `commit` uses for ``num_tokens`` new tokens, from the H200 sweeps of
+    benchmarks/bench_commit.py (Ouro-1.4B shape, 16 KV heads x 128, 4 loops):
+
+    * prefill chunks: 64-token programs of 8 warps over whole loop groups (128/16 was 10 %
+      faster on Ouro and 18 % slower on SmolLM2);
+    * at most `FEW_TOKENS`: one loop per program, 16-token programs of 4 warps up to 16 tokens,
+      else 64/8. 1, 4, 16, 64 tokens: 12.9, 13.0, 11.4, 13.6 us against 20.6, 20.7, 21.3,
+      20.6 us for whole groups (2026-12-01g, benchmarks/results/h200_2026-12-01g_commit.json).
+    """
+    if num_tokens <= 16:
         return CommitLaunch(block_t=16, num_warps=4, per_loop=True)
-    return CommitLaunch(block_t=64, num_warps=8, per_loop=False)
+    return CommitLaunch(block_t=64, num_warps=8, per_loop=num_tokens <= FEW_TOKENS)
 
 
 def commit(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tensor], loc: torch.Tensor,
