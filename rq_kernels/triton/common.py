@@ -214,33 +214,22 @@ def split_range(KvIndptr, b, split, num_splits, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def rotation_term(rot_base, t, s_term, s_row, TRANSPOSE: tl.constexpr, DP: tl.constexpr):
-    """Term ``t`` of ``R`` (or of ``R^T``): bf16 ``[DP, DP]``, rows ``s_row`` apart, ``s_term``
-    between terms."""
+def rotate_rows(x, rot_base, s_term, s_row, TERMS: tl.constexpr, TRANSPOSE: tl.constexpr,
+                SPLIT_X: tl.constexpr, DP: tl.constexpr, INTERP: tl.constexpr):
+    """``x [M, DP] @ R`` (or ``R^T``) with ``R = sum_t terms[t]``, terms bf16 ``[DP, DP]`` rows
+    ``s_row`` apart, ``s_term`` between terms. ``x`` is bf16-exact unless SPLIT_X (then it is
+    split into bf16 hi + lo parts, ~2^-17 relative). Returns fp32 ``[M, DP]``."""
     i = tl.arange(0, DP)
     if TRANSPOSE:
         offs = i[None, :] * s_row + i[:, None]
     else:
         offs = i[:, None] * s_row + i[None, :]
-    return tl.load(rot_base + t * s_term + offs)
-
-
-@triton.jit
-def rotate_rows(x, rot_base, s_term, s_row, TERMS: tl.constexpr, TRANSPOSE: tl.constexpr,
-                SPLIT_X: tl.constexpr, DP: tl.constexpr, INTERP: tl.constexpr, r0=None):
-    """``x [M, DP] @ R`` (or ``R^T``) with ``R = sum_t terms[t]``, terms bf16 ``[DP, DP]`` rows
-    ``s_row`` apart, ``s_term`` between terms. ``x`` is bf16-exact unless SPLIT_X (then it is
-    split into bf16 hi + lo parts, ~2^-17 relative). ``r0``: term 0 already loaded
-    (`rotation_term`, e.g. prefetched before a long loop), else None. Returns fp32 ``[M, DP]``."""
     xh = to_bf16(x, INTERP)
     if SPLIT_X:
         xl = to_bf16(x - xh.to(tl.float32), INTERP)
     acc = tl.zeros([x.shape[0], DP], dtype=tl.float32)
     for t in tl.static_range(TERMS):
-        if t == 0 and r0 is not None:
-            r = r0
-        else:
-            r = rotation_term(rot_base, t, s_term, s_row, TRANSPOSE, DP)
+        r = tl.load(rot_base + t * s_term + offs)
         acc += mma(xh, r, INTERP)
         if SPLIT_X:
             acc += mma(xl, r, INTERP)

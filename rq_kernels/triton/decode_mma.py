@@ -23,8 +23,8 @@ import triton
 import triton.language as tl
 
 from rq_kernels.triton.common import (
-    codes_to_f16, gqa_rows, load_rows, load_scale_offset_raw, mma, rotate_rows, rotation_term,
-    split_range, split_scale_offset, to_bf16,
+    codes_to_f16, gqa_rows, load_rows, load_scale_offset_raw, mma, rotate_rows, split_range,
+    split_scale_offset, to_bf16,
 )
 
 
@@ -179,20 +179,6 @@ def rq_decode_merge_kernel(
     rows: BLOCK_M < 16 rows are repeated ROW_REPS times (the copies are not stored)."""
     hk, r_mask, b, hq = gqa_rows(batch_rows, GQ, BLOCK_M, 1)
     d = tl.arange(0, DP)
-    # what the epilogue needs is loaded first, so its latency hides behind the splits' loads:
-    # the rotation's first term (R^T) and the in-flight token's q, k, v (rows as the epilogue's)
-    hk_e, r_mask_e, b_e, hq_e = gqa_rows(batch_rows, GQ, BLOCK_M, ROW_REPS)
-    if HAS_ROT:
-        r0 = rotation_term(Rot + hk * s_rhead, 0, s_rterm, s_rrow, True, DP)
-    else:
-        r0 = None
-    dm = r_mask_e[:, None] & (d[None, :] < D)
-    q = tl.load(Q + b_e[:, None] * s_qb + hq_e[:, None] * s_qh + d[None, :], mask=dm,
-                other=0.0).to(tl.float32)
-    kc = tl.load(Kc + b_e[:, None] * s_kb + hk * s_kh + d[None, :], mask=dm,
-                 other=0.0).to(tl.float32)
-    vc = tl.load(Vc + b_e[:, None] * s_vb + hk * s_vh + d[None, :], mask=dm,
-                 other=0.0).to(tl.float32)
     mid = (b * GQ * tl.num_programs(0) + hq).to(tl.int64) * num_splits  # [BLOCK_M], 64-bit
     m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_run = tl.zeros([BLOCK_M], tl.float32)
@@ -219,9 +205,17 @@ def rq_decode_merge_kernel(
                            [ROW_REPS * BLOCK_M])
         l_run = tl.reshape(tl.broadcast_to(l_run[None, :], [ROW_REPS, BLOCK_M]),
                            [ROW_REPS * BLOCK_M])
+        hk, r_mask, b, hq = gqa_rows(batch_rows, GQ, BLOCK_M, ROW_REPS)
     if HAS_ROT:  # back to the original basis: acc R^T
         acc = rotate_rows(acc, Rot + hk * s_rhead, s_rterm, s_rrow, TERMS, True, True, DP,
-                          INTERP, r0) * alpha
+                          INTERP) * alpha
+    dm = r_mask[:, None] & (d[None, :] < D)
+    q = tl.load(Q + b[:, None] * s_qb + hq[:, None] * s_qh + d[None, :], mask=dm,
+                other=0.0).to(tl.float32)
+    kc = tl.load(Kc + b[:, None] * s_kb + hk * s_kh + d[None, :], mask=dm,
+                 other=0.0).to(tl.float32)
+    vc = tl.load(Vc + b[:, None] * s_vb + hk * s_vh + d[None, :], mask=dm,
+                 other=0.0).to(tl.float32)
     s_cur = tl.sum(q * kc, axis=1) * qk_scale
     m_new = tl.maximum(m_run, s_cur)
     a_old = tl.exp2(m_run - m_new)
@@ -229,5 +223,5 @@ def rq_decode_merge_kernel(
     acc = acc * a_old[:, None] + vc * p_cur[:, None]
     l_run = l_run * a_old + p_cur
     out = acc / l_run[:, None]
-    tl.store(Out + b_e[:, None] * s_ob + hq_e[:, None] * s_oh + d[None, :],
+    tl.store(Out + b[:, None] * s_ob + hq[:, None] * s_oh + d[None, :],
              to_bf16(out, INTERP), mask=dm)
