@@ -86,16 +86,18 @@ def test_decode_matches_reference(name, cfg, loops, hkv, group, dim, lens, rot, 
 def test_decode_more_splits_than_tiles(group, device):
     """Empty splits (more splits than history tiles), several tiles per split with a partial
     last one, more splits than one merge iteration, and an empty history merge correctly (MHA:
-    CUDA-core kernel, GQA: tensor-core)."""
+    CUDA-core kernel, GQA: the Triton tensor-core one; named, since on CUDA the default is the
+    tc kernel, which takes no block_n)."""
     bn = 16 if device == "cpu" or group == 1 else 32  # block_n=16 is refused on CUDA for mma
+    kernel = "fma" if group == 1 else "mma"
     _run(RQConfig(), 4, 1, group, 64, [1, 0, 17], "cfg", (0,), device, seed=12,
-         launch=DecodeLaunch(num_splits=5, block_n=bn))
+         launch=DecodeLaunch(kernel, num_splits=5, block_n=bn))
     _run(RQConfig(), 4, 1, group, 64, [70, 1, 0], "cfg", (0, 3), device, seed=19,
-         launch=DecodeLaunch(num_splits=2, block_n=bn))
+         launch=DecodeLaunch(kernel, num_splits=2, block_n=bn))
     # 40 splits: more than one merge iteration (3 rows load 32 splits per iteration, 6 rows
     # 16), the last one partly masked
     _run(RQConfig(), 4, 1, group, 64, [300, 0, 5], "cfg", (0,), device, seed=23,
-         launch=DecodeLaunch(num_splits=40, block_n=bn))
+         launch=DecodeLaunch(kernel, num_splits=40, block_n=bn))
 
 
 def test_decode_picks_the_split_kernel_by_shape(device):
