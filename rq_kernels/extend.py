@@ -15,8 +15,7 @@ Triton kernel (prefix dequantized tile by tile in registers, Ampere-style MMAs) 
    `reconstruct_rows` writes a slab's K'/V' (rotated basis) into the workspace in one launch,
    then every request that owns rows of the slab attends to its part with FlashAttention,
    which returns its log-sum-exp; parts of one request merge by LSE;
-3. each request's chunk attends to itself causally (original basis; K/V expanded to the query
-   heads for GQA); one launch (`rq_extend_merge_kernel`) un-rotates the prefix output
+3. each request's chunk attends to itself causally (original basis, GQA natively); one launch (`rq_extend_merge_kernel`) un-rotates the prefix output
    (``o' R^T``) and merges the two by LSE into ``out``. With one request and one slab the
    FlashAttention outputs are read where they lie (no gather, no fp32 accumulator).
 
@@ -59,23 +58,32 @@ WORKSPACE_TOKENS = 16384
 
 def _attend_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
                      scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of ``q [1, H, Lq, D]`` over ``k/v [1, H, Lk, D]`` (bf16, same heads; causal
-    only with ``Lq == Lk``) -> out ``[1, H, Lq, D]`` bf16 and lse ``[1, H, Lq]`` fp32 (natural
-    log). CUDA: PyTorch's FlashAttention op; CPU (interpreter tests): the same maths in fp32
-    (unnormalised ``P`` rounded to q's dtype for ``P V``, as the flash kernel does)."""
+    """Attention of ``q [Lq, Hq, D]`` over ``k/v [Lk, Hkv, D]`` (bf16, ``Hq % Hkv == 0``: query
+    head ``h`` reads KV head ``h // (Hq / Hkv)``; last dim contiguous, any row and head strides;
+    causal only with ``Lq == Lk``) -> out ``[Lq, Hq, D]`` bf16 and lse ``[Hq, Lq]`` fp32
+    (natural log). CUDA: FlashAttention-2 through ``aten::_flash_attention_forward`` on the
+    sequence-major layout as it lies (GQA natively: no K/V expansion, no transposes; the SDPA
+    op around it transposes to and from ``[B, H, L, D]``); CPU (interpreter tests): the same
+    maths in fp32 (unnormalised ``P`` rounded to q's dtype for ``P V``, as the flash kernel
+    does)."""
+    lq, hq, _ = q.shape
+    group = hq // k.shape[1]
     if q.is_cuda:
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(
-            q, k, v, 0.0, causal, False, scale=scale)[:2]
-        return out, lse
-    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # [1, H, Lq, Lk]
+        out, lse = torch.ops.aten._flash_attention_forward(
+            q[None], k[None], v[None], None, None, lq, k.shape[0], 0.0, causal, False,
+            scale=scale)[:2]
+        return out[0], lse[0]
+    kx = k.float().repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, Lk, D]
+    vx = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
+    s = torch.matmul(q.float().transpose(0, 1), kx.transpose(-1, -2)) * scale  # [Hq, Lq, Lk]
     if causal:
         keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
         s = s.masked_fill(~keep, float("-inf"))
     m = s.amax(dim=-1, keepdim=True)  # finite: every row sees a key
     p = torch.exp(s - m)
     den = p.sum(dim=-1, keepdim=True)
-    out = torch.matmul(p.to(q.dtype).float(), v.float()) / den  # P rounded as FlashAttention's
-    return out.to(q.dtype), (m + torch.log(den)).squeeze(-1)
+    out = torch.matmul(p.to(q.dtype).float(), vx) / den  # P rounded as FlashAttention's
+    return out.transpose(0, 1).to(q.dtype), (m + torch.log(den)).squeeze(-1)
 
 
 def _merge_into(acc: torch.Tensor, acc_lse: torch.Tensor, o: torch.Tensor, lse: torch.Tensor
@@ -193,18 +201,14 @@ def _workspace_extend(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     else:
         lse_c = torch.empty(T, HQ, dtype=torch.float32, device=q.device)
         o_c = torch.empty_like(q)
-    for b in chunks:  # each chunk over itself, causal, original basis: [1, Hq, m, D]
+    for b in chunks:  # each chunk over itself, causal, original basis: [m, Hq, D]
         s, e = qp[b], qp[b + 1]
-        kb, vb = k_cur[s:e], v_cur[s:e]
-        if GQ > 1:
-            kb, vb = kb.repeat_interleave(GQ, dim=1), vb.repeat_interleave(GQ, dim=1)
-        o, lse = _attend_with_lse(q[s:e].transpose(0, 1)[None], kb.transpose(0, 1)[None],
-                                  vb.transpose(0, 1)[None], causal=True, scale=sm_scale)
-        if o_c is None:  # [T, Hq, D] and [T, Hq] views
-            o_c, lse_c = o[0].transpose(0, 1), lse[0].transpose(0, 1)
+        o, lse = _attend_with_lse(q[s:e], k_cur[s:e], v_cur[s:e], causal=True, scale=sm_scale)
+        if o_c is None:  # [T, Hq, D] and a [T, Hq] view
+            o_c, lse_c = o, lse.transpose(0, 1)
         else:
-            o_c[s:e] = o[0].transpose(0, 1)
-            lse_c[s:e] = lse[0].transpose(0, 1)
+            o_c[s:e] = o
+            lse_c[s:e] = lse.transpose(0, 1)
     if not any(kp[b] < kp[b + 1] for b in chunks):  # no request with rows has a prefix
         out.copy_(o_c)
         return
@@ -252,20 +256,21 @@ def _prefix_attention(q: torch.Tensor, view: CompressedLayerView, loop_id: int, 
             a0, a1 = max(lo, kp[b]), min(hi, kp[b + 1])
             s, e = qp[b] * GQ, qp[b + 1] * GQ
             if a0 < a1 and s < e:
-                o, lse = _attend_with_lse(  # [1, Hkv, (e-s), D]: the chunk x GQ on the seq axis
-                    qh[None, :, s:e], ws_k[None, a0 - lo:a1 - lo].transpose(1, 2),
-                    ws_v[None, a0 - lo:a1 - lo].transpose(1, 2), causal=False, scale=sm_scale)
+                o, lse = _attend_with_lse(  # the chunk x GQ on the sequence axis, Hkv heads
+                    qh[:, s:e].transpose(0, 1), ws_k[a0 - lo:a1 - lo], ws_v[a0 - lo:a1 - lo],
+                    causal=False, scale=sm_scale)
+                o = o.transpose(0, 1)  # [Hkv, e - s, D]
                 if (s, e) == (0, T * GQ) and (a0, a1) == (kp[b], kp[b + 1]):
-                    return o[0], lse[0]  # the only part of the only rows
+                    return o, lse  # the only part of the only rows
                 if acc is None:
                     acc = torch.zeros(HKV, T * GQ, D, dtype=torch.float32, device=q.device)
                     acc_lse = torch.full((HKV, T * GQ), float("-inf"), dtype=torch.float32,
                                          device=q.device)
                 if first[b]:
-                    acc[:, s:e] = o[0]
-                    acc_lse[:, s:e] = lse[0]
+                    acc[:, s:e] = o
+                    acc_lse[:, s:e] = lse
                     first[b] = False
                 else:
-                    _merge_into(acc[:, s:e], acc_lse[:, s:e], o[0], lse[0])
+                    _merge_into(acc[:, s:e], acc_lse[:, s:e], o, lse)
             b += 1
     return acc, acc_lse
