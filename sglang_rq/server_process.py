@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -19,30 +20,74 @@ from sglang_rq.env import RQ_TEST_STARTUP_TIMEOUT_S
 STARTUP_TIMEOUT_S = RQ_TEST_STARTUP_TIMEOUT_S.get()  # seconds
 
 
+def _ephemeral_ports() -> range:
+    """The OS's ephemeral port range (Linux ``ip_local_port_range``; 32768-60999 elsewhere)."""
+    try:
+        lo, hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        lo, hi = 32768, 60999
+    return range(lo, hi + 1)
+
+
 def free_port() -> int:
+    """A port free on 127.0.0.1 now, below the ephemeral range where one exists: a port the OS
+    handed out for ``bind(0)`` can be taken by any outgoing connection (or another server's
+    internal sockets) before the server binds it, which CI saw as ``[Errno 98] address already
+    in use`` on a port in the ephemeral range."""
+    eph = _ephemeral_ports()
+    candidates = list(range(20000, min(eph.start, 30000)))
+    random.shuffle(candidates)
+    for port in candidates[:200]:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+class PortInUse(RuntimeError):
+    """The server could not bind its HTTP port (taken between `free_port` and the bind)."""
+
+
 class Server:
-    """A server subprocess; ``url``, ``log_path``, ``log()`` and ``stop()``."""
+    """A server subprocess; ``url``, ``log_path``, ``log()`` and ``stop()``. A server that finds
+    its port taken is stopped and started again on another port (up to `PORT_ATTEMPTS` times):
+    SGLang's HTTP server does not exit when its bind fails, so without the check the start
+    would wait the whole startup timeout."""
+
+    PORT_ATTEMPTS = 3
 
     def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        self._log = open(log_path, "wb")
-        cmd = [sys.executable, "-m", "sglang_rq.launch_server", "--port", str(self.port), *args]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, env={**os.environ, **(env or {})})
-        self._wait_ready()
+        for attempt in range(self.PORT_ATTEMPTS):
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            self._log = open(log_path, "wb")
+            cmd = [sys.executable, "-m", "sglang_rq.launch_server", "--port", str(self.port),
+                   *args]
+            self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                         start_new_session=True,
+                                         env={**os.environ, **(env or {})})
+            try:
+                self._wait_ready()
+                return
+            except PortInUse:
+                if attempt == self.PORT_ATTEMPTS - 1:
+                    raise
 
     def _wait_ready(self) -> None:
         deadline = time.time() + STARTUP_TIMEOUT_S
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+            if f"while attempting to bind on address ('127.0.0.1', {self.port})" in self.log():
+                self.stop()
+                raise PortInUse(f"port {self.port} taken before the server bound it:\n"
+                                f"{self.log()[-2000:]}")
             try:
                 if requests.get(self.url + "/health", timeout=2).status_code == 200 and \
                         "fired up" in self.log():
