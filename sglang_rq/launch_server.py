@@ -22,6 +22,7 @@ from sglang_rq import env
 from sglang_rq.config import RQConfig, RQConfigError, add_cli_args
 from sglang_rq.layout import HUGINN_MODEL_TYPE
 from sglang_rq.models.embedded import EMBEDDED_MODEL
+from sglang_rq.server_process import port_in_use_reason
 CPU_SHIMS = Path(__file__).resolve().parent / "_cpu_shims"
 CPU_DEFAULTS = {"--max-total-tokens": "16384", "--max-running-requests": "32",
                 "--chunked-prefill-size": "2048"}
@@ -374,6 +375,9 @@ def main(argv: list[str] | None = None) -> None:
         validate_server_args(server_args)  # before any weights load
         validate_against_model(cfg, server_args.model_path, tp_size=server_args.tp_size,
                                overrides=json.loads(server_args.json_model_override_args or "{}"))
+    why = port_in_use_reason(server_args.host, server_args.port)
+    if why is not None:
+        raise RQConfigError(why)
     from sglang.srt.entrypoints.http_server import app
 
     from sglang_rq.canary import install

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import re
@@ -49,6 +50,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_in_use_reason(host: str, port: int) -> str | None:
+    """Why ``sglang-rq serve`` cannot listen on ``host:port`` now (None if it can): bound the way
+    uvicorn binds (``SO_REUSEADDR``, so a port in TIME_WAIT is not refused). SGLang 0.5.23 logs
+    a failed bind and keeps running without an HTTP port, and a client of that port then talks
+    to whatever holds it, so the launcher refuses first."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        return f"--host={host}: cannot resolve it ({exc})"
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return (f"--port={port}: {host}:{port} is already in use (another server "
+                        f"listening there?); stop it or pass a free --port")
+            return f"--port={port}: cannot listen on {host}:{port} ({exc}); pass another --port"
+    return None
+
+
 class PortInUse(RuntimeError):
     """The server could not bind its HTTP port (taken between `free_port` and the bind)."""
 
@@ -82,12 +104,15 @@ class Server:
     def _wait_ready(self) -> None:
         deadline = time.time() + STARTUP_TIMEOUT_S
         while time.time() < deadline:
+            log = self.log()
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
-            if f"while attempting to bind on address ('127.0.0.1', {self.port})" in self.log():
+                if f"--port={self.port}: 127.0.0.1:{self.port} is already in use" in log:
+                    raise PortInUse(log[-2000:])  # the launcher's own check
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{log[-4000:]}")
+            if f"while attempting to bind on address ('127.0.0.1', {self.port})" in log:
                 self.stop()
                 raise PortInUse(f"port {self.port} taken before the server bound it:\n"
-                                f"{self.log()[-2000:]}")
+                                f"{log[-2000:]}")
             try:
                 if requests.get(self.url + "/health", timeout=2).status_code == 200 and \
                         "fired up" in self.log():

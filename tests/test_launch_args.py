@@ -114,3 +114,21 @@ def test_disconnect_poll_defaults_to_one_second_unless_set(clean_env):
     os.environ["SGLANG_REQUEST_STATE_WAIT_TIMEOUT"] = "7"
     prepare_environment([])
     assert os.environ["SGLANG_REQUEST_STATE_WAIT_TIMEOUT"] == "7"
+
+
+def test_taken_port_is_refused_with_the_flag_named():
+    """Found by a fresh-clone check: a second `sglang-rq serve` on a taken port logged SGLang's
+    bind error and kept running without an HTTP port, while its readiness probe and the
+    quickstart's request were answered by the first server."""
+    import socket
+
+    from sglang_rq.server_process import port_in_use_reason
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        why = port_in_use_reason("127.0.0.1", port)
+        assert why == (f"--port={port}: 127.0.0.1:{port} is already in use (another server "
+                       "listening there?); stop it or pass a free --port")
+    assert port_in_use_reason("127.0.0.1", port) is None  # free again once closed
