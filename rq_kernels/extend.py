@@ -15,9 +15,10 @@ Triton kernel (prefix dequantized tile by tile in registers, Ampere-style MMAs) 
    `reconstruct_rows` writes a slab's K'/V' (rotated basis) into the workspace in one launch,
    then every request that owns rows of the slab attends to its part with FlashAttention,
    which returns its log-sum-exp; parts of one request merge by LSE;
-3. each request's chunk attends to itself causally (original basis, GQA natively); one launch (`rq_extend_merge_kernel`) un-rotates the prefix output
-   (``o' R^T``) and merges the two by LSE into ``out``. With one request and one slab the
-   FlashAttention outputs are read where they lie (no gather, no fp32 accumulator).
+3. each request's chunk attends to itself causally (original basis, GQA natively); one
+   launch (`rq_extend_merge_kernel`) un-rotates the prefix output (``o' R^T``) and merges the
+   two by LSE into ``out``. With one request and one slab the FlashAttention outputs are read
+   where they lie (no gather, no fp32 accumulator).
 
 A mixed batch (SGLang's ``--enable-mixed-chunk``: running decodes appended after the prefill
 chunks as one-row requests) would reconstruct every decode row's whole history into bf16; the
