@@ -15,7 +15,9 @@ achieved bandwidth on compressed bytes read plus bf16 bytes written. `do_bench` 
 2048-token chunk over a 14,336-token prefix plus 16 decode rows over 16,384 tokens each:
 `extend_attention` (decode rows through the decode kernel) against ``_workspace_extend`` over
 every request (every decode row's history reconstructed to bf16) and SDPA (the chunk as above
-plus a batched decode SDPA). ``--mixed-only`` runs just that. Writes ``DIR/bench_extend.json``. The fused kernel this replaced (1.94-2.66x SDPA at its best launch per shape) was last measured in
+plus a batched decode SDPA). ``batched``: many short prefills in one batch (`batched`).
+``--mixed-only`` runs just those two. Writes ``DIR/bench_extend.json``. The fused kernel this
+replaced (1.94-2.66x SDPA at its best launch per shape) was last measured in
 benchmarks/results/h200_2026-12-01_extend.json.
 """
 
@@ -79,7 +81,8 @@ def mixed(dry_run: bool) -> dict:
     scale = dim ** -0.5
     ours = bench(lambda: extend_attention(q, kc, kc, view, 0, qo, kvi, idx, sm_scale=scale,
                                           out=out, host_indptrs=(qp, kp)))
-    ws_only = bench(lambda: _workspace_extend(q, kc, kc, view, 0, qp, kp, idx, scale, out))
+    ws_only = bench(lambda: _workspace_extend(q, kc, kc, view, 0, qo, kvi, qp, kp, idx, scale,
+                                               out))
     view = None
     qc = torch.randn(1, hq, chunk, dim, device=DEV, dtype=torch.bfloat16)
     kb = torch.randn(1, hkv, prefix + chunk, dim, device=DEV, dtype=torch.bfloat16)
@@ -97,6 +100,52 @@ def mixed(dry_run: bool) -> dict:
     return row
 
 
+def batched(dry_run: bool) -> list[dict]:
+    """The batched-prefill rows (Ouro shape): 16 requests of 256-token chunks, without a prefix
+    (fresh prompts) and each over a 1024-token compressed prefix (radix-cache hits), timed
+    eagerly (host work included, as a server's prefill runs): `extend_attention` given the host
+    indptrs, averaged over loop 0 and the last loop as the single-request rows, against BF16
+    FlashAttention over the same K/V in one variable-length call (SGLang's BF16 extend is one
+    kernel over the batch)."""
+    hq, hkv, dim = FAMILIES["ouro-1.4b"]
+    nreq, chunk = (16, 256) if not dry_run else (3, 5)
+    rows = []
+    for prefix in (0, 1024) if not dry_run else (0, 7):
+        view = pool(RQConfig(), hkv, dim, nreq * prefix + 2)
+        loops = len(view.segments)
+        qp = [i * chunk for i in range(nreq + 1)]
+        kp = [i * prefix for i in range(nreq + 1)]
+        T = qp[-1]
+        q = torch.randn(T, hq, dim, device=DEV, dtype=torch.bfloat16)
+        kc = torch.randn(T, hkv, dim, device=DEV, dtype=torch.bfloat16)
+        qo = torch.tensor(qp, dtype=torch.int32, device=DEV)
+        kvi = torch.tensor(kp, dtype=torch.int32, device=DEV)
+        idx = torch.arange(kp[-1], device=DEV) + 1
+        out = torch.empty_like(q)
+        scale = dim ** -0.5
+        t = {i: eager_ms(lambda: extend_attention(  # noqa: B023
+            q, kc, kc, view, i, qo, kvi, idx, sm_scale=scale, out=out,  # noqa: B023
+            host_indptrs=(qp, kp))) for i in (0, loops - 1)}  # noqa: B023
+        ours = ((loops - 1) * t[0] + t[loops - 1]) / loops
+        view = None
+        kb = torch.randn(nreq * (prefix + chunk), hkv, dim, device=DEV, dtype=torch.bfloat16)
+        ck = torch.tensor([i * (prefix + chunk) for i in range(nreq + 1)], dtype=torch.int32,
+                          device=DEV)
+        if DEV == "cuda":
+            fa = eager_ms(lambda: torch.ops.aten._flash_attention_forward(  # noqa: B023
+                q, kb, kb, qo, ck, chunk, prefix + chunk, 0.0, True, False,  # noqa: B023
+                scale=scale))
+        else:
+            fa = float("nan")
+        kb = None
+        rows.append(dict(requests=nreq, chunk=chunk, prefix=prefix, flash_varlen_ms=fa,
+                         extend_attention_ms=ours, resid_ms=t[0], anchor_ms=t[loops - 1],
+                         over_flash=ours / fa))
+        print(f"batched {nreq} x {chunk} over prefix {prefix}: flash varlen {fa * 1e3:.1f}us | "
+              f"extend_attention {ours * 1e3:.1f}us (x{ours / fa:.2f})", flush=True)
+    return rows
+
+
 def main() -> None:
     mixed_only = "--mixed-only" in sys.argv
     if mixed_only:
@@ -107,6 +156,7 @@ def main() -> None:
                date=time.strftime("%Y-%m-%d"),
                workspace_tokens=WORKSPACE_TOKENS, rows=[])
     res["mixed"] = mixed(a.dry_run)
+    res["batched"] = batched(a.dry_run)
     write_json(res, a.out, "bench_extend.json")
     for fam, (hq, hkv, dim) in FAMILIES.items() if not mixed_only else ():
         for prefix, chunk in shapes:

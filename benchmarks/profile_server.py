@@ -12,7 +12,8 @@ although the decode kernel alone is faster than SDPA. This starts the same serve
    profiler, CPU + CUDA) and summarises the trace per forward step: CPU span, GPU busy time
    (the union of its kernels; the rest of the span the GPU idles: host-bound), kernel time by
    kind, CUDA runtime/driver calls (syncs, launches) and the top aten ops;
-3. times batch-1 decode after a 128-token prompt (TPOT from two requests' difference) and
+3. times a burst of ``--batch-prompts`` concurrent short prompts (batched prefill);
+4. times batch-1 decode after a 128-token prompt (TPOT from two requests' difference) and
    profiles 8 decode steps (CUDA-graph replays: kernel count and GPU time per step).
 
 ``python benchmarks/profile_server.py --out DIR --tokenizer TOK [--arms bf16,rq] [--with-stack]``
@@ -32,6 +33,7 @@ import re
 import sys
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import requests
@@ -185,6 +187,20 @@ def run_arm(arm: str, args: argparse.Namespace, model: Path, out: Path, rng: ran
 
         result["profile"] = _profile(server, args, out / f"trace_{arm}_prefill", "prefill",
                                      args.tokens // args.chunk, one_prefill)
+        # batched prefill: --batch-prompts concurrent prompts of --batch-tokens fresh ids, one
+        # output token each (SGLang packs them into prefill batches of up to one chunk)
+        with ThreadPoolExecutor(args.batch_prompts) as pool:
+            def burst() -> float:
+                t = time.perf_counter()
+                list(pool.map(lambda _: _generate(server, ids(args.batch_tokens)),
+                              range(args.batch_prompts)))
+                return time.perf_counter() - t
+
+            burst()  # warm-up
+            walls = [burst() for _ in range(args.reps)]
+        result["batched_prefill_s"] = [round(w, 4) for w in walls]
+        result["batched_prefill_tok_s_median"] = round(
+            args.batch_prompts * args.batch_tokens / sorted(walls)[len(walls) // 2])
         # decode, batch 1, short prompt: TPOT from the difference of two requests
         short, n_out = 128, args.decode_tokens
         t1 = min(_generate(server, ids(short)) for _ in range(args.reps))
@@ -212,6 +228,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=8192,
                     help="prompt length (a multiple of the 2048-token chunk)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--batch-prompts", type=int, default=32,
+                    help="concurrent prompts of the batched-prefill measurement")
+    ap.add_argument("--batch-tokens", type=int, default=256,
+                    help="tokens per prompt of the batched-prefill measurement")
     ap.add_argument("--decode-tokens", type=int, default=256,
                     help="output tokens of the batch-1 TPOT measurement")
     ap.add_argument("--with-stack", action="store_true",
@@ -228,6 +248,7 @@ def main() -> None:
 
         args.model = args.tokenizer = EMBEDDED_MODEL
         args.tokens, args.chunk, args.reps, args.decode_tokens = 512, 256, 1, 8
+        args.batch_prompts, args.batch_tokens = 4, 32
         args.vocab = json.loads((EMBEDDED_MODEL / "config.json").read_text())["vocab_size"]
         COMMON[COMMON.index("--context-length") + 1] = "1024"
         COMMON[COMMON.index("--chunked-prefill-size") + 1] = "256"
@@ -246,11 +267,15 @@ def main() -> None:
         b, r = results["bf16"], results["rq"]
         results["rq_over_bf16"] = {
             "prefill_tok_s": round(r["prefill_tok_s_median"] / b["prefill_tok_s_median"], 3),
+            "batched_prefill_tok_s": round(r["batched_prefill_tok_s_median"]
+                                           / b["batched_prefill_tok_s_median"], 3),
             "decode_b1_tok_s": round(b["decode_b1_tpot_ms"] / r["decode_b1_tpot_ms"], 3)}
     (args.out / "profile_server.json").write_text(json.dumps(results, indent=1))
     for arm in args.arms.split(","):
         r = results[arm]
         print(f"{arm}: prefill {r['prefill_s']} s ({r['prefill_tok_s_median']} tok/s), "
+              f"batched prefill {r['batched_prefill_s']} s "
+              f"({r['batched_prefill_tok_s_median']} tok/s), "
               f"decode b1 TPOT {r['decode_b1_tpot_ms']} ms")
         for key in ("profile", "decode_profile"):
             if isinstance(r[key], dict):

@@ -13,12 +13,16 @@ Triton kernel (prefix dequantized tile by tile in registers, Ampere-style MMAs) 
    never expanded;
 2. the concatenated prefixes (``kv_indices``) in slabs of at most `WORKSPACE_TOKENS` rows:
    `reconstruct_rows` writes a slab's K'/V' (rotated basis) into the workspace in one launch,
-   then every request that owns rows of the slab attends to its part with FlashAttention,
-   which returns its log-sum-exp; parts of one request merge by LSE;
-3. each request's chunk attends to itself causally (original basis, GQA natively); one
-   launch (`rq_extend_merge_kernel`) un-rotates the prefix output (``o' R^T``) and merges the
-   two by LSE into ``out``. With one request and one slab the FlashAttention outputs are read
-   where they lie (no gather, no fp32 accumulator).
+   then one variable-length FlashAttention call attends every request's rows to its part of
+   the slab and returns the log-sum-exp; slabs merge by LSE (one slab: the call's outputs are
+   read where they lie, no fp32 accumulator);
+3. every request's chunk attends to itself causally (original basis, GQA natively), all
+   chunks in one variable-length call; one launch (`rq_extend_merge_kernel`) un-rotates the
+   prefix output (``o' R^T``) and merges the two by LSE into ``out``.
+
+So a prefill batch of B requests costs the same launches as one request: 2 FlashAttention
+calls and 3 Triton launches per (layer, loop), plus one reconstruct and one FlashAttention
+call per further slab (before 2026-12-02 it was 2 FlashAttention calls per request).
 
 A mixed batch (SGLang's ``--enable-mixed-chunk``: running decodes appended after the prefill
 chunks as one-row requests) would reconstruct every decode row's whole history into bf16; the
@@ -33,7 +37,6 @@ captured in a CUDA graph), unless the caller passes them (``host_indptrs``).
 
 from __future__ import annotations
 
-import bisect
 from typing import TYPE_CHECKING
 
 import torch
@@ -57,43 +60,59 @@ if TYPE_CHECKING:
 WORKSPACE_TOKENS = 16384
 
 
-def _attend_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+def _attend_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
+                     cu_k: torch.Tensor, host_q: list[int], host_k: list[int], *, causal: bool,
                      scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of ``q [Lq, Hq, D]`` over ``k/v [Lk, Hkv, D]`` (bf16, ``Hq % Hkv == 0``: query
-    head ``h`` reads KV head ``h // (Hq / Hkv)``; last dim contiguous, any row and head strides;
-    causal only with ``Lq == Lk``) -> out ``[Lq, Hq, D]`` bf16 and lse ``[Hq, Lq]`` fp32
-    (natural log). CUDA: FlashAttention-2 through ``aten::_flash_attention_forward`` on the
-    sequence-major layout as it lies (GQA natively: no K/V expansion, no transposes; the SDPA
-    op around it transposes to and from ``[B, H, L, D]``); CPU (interpreter tests): the same
-    maths in fp32 (unnormalised ``P`` rounded to q's dtype for ``P V``, as the flash kernel
-    does)."""
-    lq, hq, _ = q.shape
-    group = hq // k.shape[1]
+    """Variable-length attention: sequence ``i`` is the rows ``host_q[i]:host_q[i+1]`` of ``q``
+    ``[Lq, Hq, D]`` over the rows ``host_k[i]:host_k[i+1]`` of ``k``/``v`` ``[Lk, Hkv, D]``
+    (bf16, ``Hq % Hkv == 0``: query head ``h`` reads KV head ``h // (Hq / Hkv)``; last dim
+    contiguous, any row and head strides; ``host_q[-1] == Lq``; causal only where each sequence
+    has as many keys as queries). ``cu_q``/``cu_k``: the same offsets as ``int32`` tensors on
+    q's device. Returns out ``[Lq, Hq, D]`` bf16 and lse ``[Hq, Lq]`` fp32 (natural log); a
+    sequence without keys gets out 0 and lse ``-inf``.
+
+    CUDA: one FlashAttention-2 varlen call (``aten::_flash_attention_forward`` with
+    ``cum_seq_q``/``cum_seq_k``) on the sequence-major layout as it lies (GQA natively: no K/V
+    expansion, no transposes); FlashAttention writes lse ``+inf`` for a sequence without keys,
+    turned into ``-inf`` here. CPU (interpreter tests): the same maths in fp32 per sequence
+    (unnormalised ``P`` rounded to q's dtype for ``P V``, as the flash kernel does)."""
+    lq, hq, d = q.shape
+    lens = [(host_q[i + 1] - host_q[i], host_k[i + 1] - host_k[i]) for i in range(len(host_q) - 1)]
     if q.is_cuda:
         out, lse = torch.ops.aten._flash_attention_forward(
-            q[None], k[None], v[None], None, None, lq, k.shape[0], 0.0, causal, False,
-            scale=scale)[:2]
-        return out[0], lse[0]
-    kx = k.float().repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, Lk, D]
-    vx = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
-    s = torch.matmul(q.float().transpose(0, 1), kx.transpose(-1, -2)) * scale  # [Hq, Lq, Lk]
-    if causal:
-        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
-        s = s.masked_fill(~keep, float("-inf"))
-    m = s.amax(dim=-1, keepdim=True)  # finite: every row sees a key
-    p = torch.exp(s - m)
-    den = p.sum(dim=-1, keepdim=True)
-    out = torch.matmul(p.to(q.dtype).float(), vx) / den  # P rounded as FlashAttention's
-    return out.transpose(0, 1).to(q.dtype), (m + torch.log(den)).squeeze(-1)
+            q, k, v, cu_q, cu_k, max(m for m, _ in lens), max(n for _, n in lens), 0.0, causal,
+            False, scale=scale)[:2]
+        if any(m and not n for m, n in lens):
+            lse.masked_fill_(lse == float("inf"), float("-inf"))
+        return out, lse
+    group = hq // k.shape[1]
+    out = torch.zeros(lq, hq, d, dtype=q.dtype, device=q.device)
+    lse = torch.full((hq, lq), float("-inf"), dtype=torch.float32, device=q.device)
+    for i, (m, n) in enumerate(lens):
+        if not (m and n):
+            continue
+        qs, ks = slice(host_q[i], host_q[i + 1]), slice(host_k[i], host_k[i + 1])
+        kx = k[ks].float().repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, n, D]
+        vx = v[ks].float().repeat_interleave(group, dim=1).transpose(0, 1)
+        s = torch.matmul(q[qs].float().transpose(0, 1), kx.transpose(-1, -2)) * scale
+        if causal:
+            keep = torch.ones(m, n, dtype=torch.bool, device=s.device).tril(n - m)
+            s = s.masked_fill(~keep, float("-inf"))
+        mx = s.amax(dim=-1, keepdim=True)  # finite: every row sees a key
+        p = torch.exp(s - mx)
+        den = p.sum(dim=-1, keepdim=True)
+        out[qs] = (torch.matmul(p.to(q.dtype).float(), vx) / den).transpose(0, 1).to(q.dtype)
+        lse[:, qs] = (mx + torch.log(den)).squeeze(-1)
+    return out, lse
 
 
 def _merge_into(acc: torch.Tensor, acc_lse: torch.Tensor, o: torch.Tensor, lse: torch.Tensor
                 ) -> None:
     """``(acc, acc_lse) <- LSE merge of (acc, acc_lse) and (o, lse)``, in place: acc
-    ``[..., D]`` fp32, acc_lse ``[...]`` fp32 (``-inf`` where empty, acc 0 there)."""
+    ``[..., D]`` fp32, acc_lse ``[...]`` fp32; ``-inf`` marks an empty side (its output 0)."""
     new = torch.logaddexp(acc_lse, lse)
-    acc.mul_(torch.exp(acc_lse - new).unsqueeze(-1))
-    acc.add_(o.float() * torch.exp(lse - new).unsqueeze(-1))
+    acc.mul_(torch.exp(acc_lse - new).nan_to_num_(0.0).unsqueeze(-1))  # nan: both empty
+    acc.add_(o.float() * torch.exp(lse - new).nan_to_num_(0.0).unsqueeze(-1))
     acc_lse.copy_(new)
 
 
@@ -180,41 +199,35 @@ def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
                          kv_indptr[b0:] - kp[b0], kv_indices[kp[b0]:kp[B]], sm_scale=sm_scale,
                          out=out[r0:])
     # the chunk requests [0, b0) (none when b0 == 0: it returns at once)
-    _workspace_extend(q[:r0], k_cur[:r0], v_cur[:r0], view, loop_id, qp[:b0 + 1], kp[:b0 + 1],
-                      kv_indices, sm_scale, out[:r0])
+    _workspace_extend(q[:r0], k_cur[:r0], v_cur[:r0], view, loop_id, qo_indptr[:b0 + 1],
+                      kv_indptr[:b0 + 1], qp[:b0 + 1], kp[:b0 + 1], kv_indices, sm_scale,
+                      out[:r0])
     return out
 
 
 def _workspace_extend(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
-                      view: CompressedLayerView, loop_id: int, qp: list[int], kp: list[int],
+                      view: CompressedLayerView, loop_id: int, qo_indptr: torch.Tensor,
+                      kv_indptr: torch.Tensor, qp: list[int], kp: list[int],
                       kv_indices: torch.Tensor, sm_scale: float, out: torch.Tensor) -> None:
     """`extend_attention` through the workspace (module docstring, steps 1-3) into ``out``;
-    ``qp``/``kp``: the host indptrs."""
+    ``qo_indptr``/``kv_indptr``: ``[B + 1]`` int32 on q's device, ``qp``/``kp`` the same as host
+    lists."""
     T, HQ, D = q.shape
     HKV = k_cur.shape[1]
     GQ = HQ // HKV
-    B = len(qp) - 1
-    if T == 0 or B == 0:
+    if T == 0:
         return
-    chunks = [b for b in range(B) if qp[b] < qp[b + 1]]
-    if len(chunks) == 1:  # one chunk: its attention output and LSE are used where they lie
-        o_c = lse_c = None
-    else:
-        lse_c = torch.empty(T, HQ, dtype=torch.float32, device=q.device)
-        o_c = torch.empty_like(q)
-    for b in chunks:  # each chunk over itself, causal, original basis: [m, Hq, D]
-        s, e = qp[b], qp[b + 1]
-        o, lse = _attend_with_lse(q[s:e], k_cur[s:e], v_cur[s:e], causal=True, scale=sm_scale)
-        if o_c is None:  # [T, Hq, D] and a [T, Hq] view
-            o_c, lse_c = o, lse.transpose(0, 1)
-        else:
-            o_c[s:e] = o
-            lse_c[s:e] = lse.transpose(0, 1)
-    if not any(kp[b] < kp[b + 1] for b in chunks):  # no request with rows has a prefix
-        out.copy_(o_c)
+    assert qp[-1] == T, "the chunk rows are q's rows"
+    # every chunk over itself, causal, original basis, in one call: [T, Hq, D] and [Hq, T]
+    o_c, lse = _attend_with_lse(q, k_cur, v_cur, qo_indptr, qo_indptr, qp, qp, causal=True,
+                                scale=sm_scale)
+    lse_c = lse.transpose(0, 1)
+    if not any(kp[b] < kp[b + 1] and qp[b] < qp[b + 1] for b in range(len(qp) - 1)):
+        out.copy_(o_c)  # no request with rows has a prefix
         return
     rot, nterms = rotation_args(view, next_pow2(D), q.device)
-    o_p, lse_p = _prefix_attention(q, view, loop_id, qp, kp, kv_indices, sm_scale, rot, nterms)
+    o_p, lse_p = _prefix_attention(q, view, loop_id, qo_indptr, kv_indptr, qp, kp, kv_indices,
+                                   sm_scale, rot, nterms)
     assert o_p.stride(-1) == o_c.stride(-1) == out.stride(-1) == 1, "rows must be contiguous"
     block_m = 64
     rq_extend_merge_kernel[(HKV, cdiv(T * GQ, block_m))](
@@ -225,15 +238,15 @@ def _workspace_extend(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
         BLOCK_M=block_m, INTERP=interpreting(rq_extend_merge_kernel), num_warps=4)
 
 
-def _prefix_attention(q: torch.Tensor, view: CompressedLayerView, loop_id: int, qp: list[int],
+def _prefix_attention(q: torch.Tensor, view: CompressedLayerView, loop_id: int,
+                      qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, qp: list[int],
                       kp: list[int], kv_indices: torch.Tensor, sm_scale: float, rot: tuple,
                       nterms: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every request's chunk over its compressed prefix, slab by slab: output ``[Hkv, T*GQ, D]``
-    in the rotated basis and LSE ``[Hkv, T*GQ]`` fp32 (``-inf``, output 0: no prefix). When
-    one FlashAttention call covers every row (one request, one slab) its bf16 output and LSE
-    are returned as they are; otherwise the parts are gathered and merged in fp32. The caller
-    guarantees that some request with chunk rows has a prefix; ``rot``, ``nterms``:
-    `rotation_args` at the padded head_dim."""
+    """Every request's chunk over its compressed prefix, slab by slab, one FlashAttention call
+    per slab: output ``[Hkv, T*GQ, D]`` in the rotated basis and LSE ``[Hkv, T*GQ]`` fp32
+    (``-inf``, output 0: no prefix). With one slab the call's bf16 output and LSE are returned
+    as they are; otherwise the slabs merge in fp32. The caller guarantees that some request with
+    chunk rows has a prefix; ``rot``, ``nterms``: `rotation_args` at the padded head_dim."""
     T, HQ, D = q.shape
     HKV = view.codes[0].shape[2]
     GQ = HQ // HKV
@@ -244,34 +257,28 @@ def _prefix_attention(q: torch.Tensor, view: CompressedLayerView, loop_id: int, 
         q, q.stride(0), q.stride(1), *rot, qh, GQ * D, T * GQ * D, D,
         T * GQ, GQ=GQ, D=D, DP=dp, HAS_ROT=view.rotation is not None, TERMS=nterms,
         BLOCK_M=64, INTERP=interpreting(rq_rotate_query_kernel), num_warps=4)
-    acc = acc_lse = None
-    first = [True] * (len(qp) - 1)
+    qx = qh.transpose(0, 1)  # [T*GQ, Hkv, D]: request b's rows are qp[b]*GQ:qp[b+1]*GQ
+    cu_q = qo_indptr * GQ if GQ > 1 else qo_indptr
+    host_q = [x * GQ for x in qp]
+    rows = [b for b in range(len(qp) - 1) if qp[b] < qp[b + 1]]  # requests with chunk rows
     slab = min(WORKSPACE_TOKENS, kp[-1] - kp[0])
     ws_k = torch.empty(slab, HKV, D, dtype=torch.bfloat16, device=q.device)
     ws_v = torch.empty_like(ws_k)
+    acc = acc_lse = None
     for lo in range(kp[0], kp[-1], slab):
         hi = min(lo + slab, kp[-1])
+        host_k = [min(max(x - lo, 0), hi - lo) for x in kp]  # each request's rows in the slab
+        if not any(host_k[b] < host_k[b + 1] for b in rows):
+            continue  # the slab's rows belong to requests without chunk rows
         reconstruct_rows(view, loop_id, kv_indices[lo:hi], ws_k[:hi - lo], ws_v[:hi - lo])
-        b = bisect.bisect_right(kp, lo) - 1  # first request owning row lo
-        while b < len(qp) - 1 and kp[b] < hi:
-            a0, a1 = max(lo, kp[b]), min(hi, kp[b + 1])
-            s, e = qp[b] * GQ, qp[b + 1] * GQ
-            if a0 < a1 and s < e:
-                o, lse = _attend_with_lse(  # the chunk x GQ on the sequence axis, Hkv heads
-                    qh[:, s:e].transpose(0, 1), ws_k[a0 - lo:a1 - lo], ws_v[a0 - lo:a1 - lo],
-                    causal=False, scale=sm_scale)
-                o = o.transpose(0, 1)  # [Hkv, e - s, D]
-                if (s, e) == (0, T * GQ) and (a0, a1) == (kp[b], kp[b + 1]):
-                    return o, lse  # the only part of the only rows
-                if acc is None:
-                    acc = torch.zeros(HKV, T * GQ, D, dtype=torch.float32, device=q.device)
-                    acc_lse = torch.full((HKV, T * GQ), float("-inf"), dtype=torch.float32,
-                                         device=q.device)
-                if first[b]:
-                    acc[:, s:e] = o
-                    acc_lse[:, s:e] = lse
-                    first[b] = False
-                else:
-                    _merge_into(acc[:, s:e], acc_lse[:, s:e], o, lse)
-            b += 1
+        cu_k = (kv_indptr - lo).clamp_(0, hi - lo)
+        o, lse = _attend_with_lse(qx, ws_k[:hi - lo], ws_v[:hi - lo], cu_q, cu_k, host_q,
+                                  host_k, causal=False, scale=sm_scale)
+        o = o.transpose(0, 1)  # [Hkv, T*GQ, D]
+        if hi - lo == kp[-1] - kp[0]:
+            return o, lse  # one slab: the only part of every row
+        if acc is None:
+            acc, acc_lse = o.float(), lse
+        else:
+            _merge_into(acc, acc_lse, o, lse)
     return acc, acc_lse

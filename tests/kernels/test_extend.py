@@ -33,6 +33,11 @@ GPU_CASES = [
     ("ouro_chunked", RQConfig(), 4, 16, 1, 128, [0, 4096, 1000], [4096, 511, 1], "cfg", (0, 3)),
     ("smollm_gqa3", RQConfig(), 4, 3, 3, 64, [2049, 15], [300, 1025], "cfg", (0,)),
     ("huginn_d96", RQConfig(), 4, 8, 1, 96, [97, 3001], [129, 64], "cfg", (1,)),
+    # a batched prefill: radix-cache prefixes and fresh prompts, an empty chunk, one-row chunks
+    # between longer ones (one variable-length FlashAttention call per slab)
+    ("batch16_gqa4", RQConfig(), 4, 2, 4, 64,
+     [0, 300, 0, 17, 1000, 0, 5, 2048, 64, 0, 1, 129, 0, 700, 31, 256],
+     [200, 1, 37, 256, 0, 129, 64, 3, 256, 100, 17, 1, 250, 64, 99, 128], "cfg", (0, 3)),
 ]
 
 
