@@ -106,7 +106,7 @@ def batched(dry_run: bool) -> list[dict]:
     eagerly (host work included, as a server's prefill runs): `extend_attention` given the host
     indptrs, averaged over loop 0 and the last loop as the single-request rows, against BF16
     FlashAttention over the same K/V in one variable-length call (SGLang's BF16 extend is one
-    kernel over the batch)."""
+    kernel over the batch); both also replayed from a CUDA graph (GPU time without the host's)."""
     hq, hkv, dim = FAMILIES["ouro-1.4b"]
     nreq, chunk = (16, 256) if not dry_run else (3, 5)
     rows = []
@@ -123,26 +123,28 @@ def batched(dry_run: bool) -> list[dict]:
         idx = torch.arange(kp[-1], device=DEV) + 1
         out = torch.empty_like(q)
         scale = dim ** -0.5
-        t = {i: eager_ms(lambda: extend_attention(  # noqa: B023
-            q, kc, kc, view, i, qo, kvi, idx, sm_scale=scale, out=out,  # noqa: B023
-            host_indptrs=(qp, kp))) for i in (0, loops - 1)}  # noqa: B023
-        ours = ((loops - 1) * t[0] + t[loops - 1]) / loops
+        row = dict(requests=nreq, chunk=chunk, prefix=prefix)
+        for name, timer in (("eager", eager_ms), ("graph", bench)):
+            t = {i: timer(lambda: extend_attention(  # noqa: B023
+                q, kc, kc, view, i, qo, kvi, idx, sm_scale=scale, out=out,  # noqa: B023
+                host_indptrs=(qp, kp))) for i in (0, loops - 1)}  # noqa: B023
+            row[name] = dict(resid_ms=t[0], anchor_ms=t[loops - 1],
+                             avg_ms=((loops - 1) * t[0] + t[loops - 1]) / loops)
         view = None
         kb = torch.randn(nreq * (prefix + chunk), hkv, dim, device=DEV, dtype=torch.bfloat16)
         ck = torch.tensor([i * (prefix + chunk) for i in range(nreq + 1)], dtype=torch.int32,
                           device=DEV)
-        if DEV == "cuda":
-            fa = eager_ms(lambda: torch.ops.aten._flash_attention_forward(  # noqa: B023
+        for name, timer in (("eager", eager_ms), ("graph", bench)):
+            fa = timer(lambda: torch.ops.aten._flash_attention_forward(  # noqa: B023
                 q, kb, kb, qo, ck, chunk, prefix + chunk, 0.0, True, False,  # noqa: B023
-                scale=scale))
-        else:
-            fa = float("nan")
+                scale=scale)) if DEV == "cuda" else float("nan")
+            row[name].update(flash_varlen_ms=fa, over_flash=row[name]["avg_ms"] / fa)
         kb = None
-        rows.append(dict(requests=nreq, chunk=chunk, prefix=prefix, flash_varlen_ms=fa,
-                         extend_attention_ms=ours, resid_ms=t[0], anchor_ms=t[loops - 1],
-                         over_flash=ours / fa))
-        print(f"batched {nreq} x {chunk} over prefix {prefix}: flash varlen {fa * 1e3:.1f}us | "
-              f"extend_attention {ours * 1e3:.1f}us (x{ours / fa:.2f})", flush=True)
+        rows.append(row)
+        print(f"batched {nreq} x {chunk} over prefix {prefix}: " + " | ".join(
+            f"{n}: flash varlen {row[n]['flash_varlen_ms'] * 1e3:.1f}us, extend_attention "
+            f"{row[n]['avg_ms'] * 1e3:.1f}us (x{row[n]['over_flash']:.2f})"
+            for n in ("eager", "graph")), flush=True)
     return rows
 
 

@@ -173,6 +173,7 @@ def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     head_dim]`` plus its LSE).
     """
     require_kernel("extend_attention", unsupported_reason(view), rq_reconstruct_kernel, q)
+    given = out is not None
     out = check_extend_args(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr, kv_indices,
                             out)
     if host_indptrs is None:
@@ -199,32 +200,36 @@ def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
                          kv_indptr[b0:] - kp[b0], kv_indices[kp[b0]:kp[B]], sm_scale=sm_scale,
                          out=out[r0:])
     # the chunk requests [0, b0) (none when b0 == 0: it returns at once)
-    _workspace_extend(q[:r0], k_cur[:r0], v_cur[:r0], view, loop_id, qo_indptr[:b0 + 1],
-                      kv_indptr[:b0 + 1], qp[:b0 + 1], kp[:b0 + 1], kv_indices, sm_scale,
-                      out[:r0])
-    return out
+    res = _workspace_extend(q[:r0], k_cur[:r0], v_cur[:r0], view, loop_id, qo_indptr[:b0 + 1],
+                            kv_indptr[:b0 + 1], qp[:b0 + 1], kp[:b0 + 1], kv_indices, sm_scale,
+                            out[:r0], out_given=given or b0 < B or r0 < q.shape[0])
+    return out if res is None else res
 
 
 def _workspace_extend(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
                       view: CompressedLayerView, loop_id: int, qo_indptr: torch.Tensor,
                       kv_indptr: torch.Tensor, qp: list[int], kp: list[int],
-                      kv_indices: torch.Tensor, sm_scale: float, out: torch.Tensor) -> None:
+                      kv_indices: torch.Tensor, sm_scale: float, out: torch.Tensor, *,
+                      out_given: bool = True) -> torch.Tensor | None:
     """`extend_attention` through the workspace (module docstring, steps 1-3) into ``out``;
     ``qo_indptr``/``kv_indptr``: ``[B + 1]`` int32 on q's device, ``qp``/``kp`` the same as host
-    lists."""
+    lists. Returns None, or (``out_given`` False: ``out`` is a fresh buffer covering every row)
+    the chunk attention's own output instead of a copy into ``out`` when no prefix is read."""
     T, HQ, D = q.shape
     HKV = k_cur.shape[1]
     GQ = HQ // HKV
     if T == 0:
-        return
+        return None
     assert qp[-1] == T, "the chunk rows are q's rows"
     # every chunk over itself, causal, original basis, in one call: [T, Hq, D] and [Hq, T]
     o_c, lse = _attend_with_lse(q, k_cur, v_cur, qo_indptr, qo_indptr, qp, qp, causal=True,
                                 scale=sm_scale)
     lse_c = lse.transpose(0, 1)
     if not any(kp[b] < kp[b + 1] and qp[b] < qp[b + 1] for b in range(len(qp) - 1)):
+        if not out_given:
+            return o_c
         out.copy_(o_c)  # no request with rows has a prefix
-        return
+        return None
     rot, nterms = rotation_args(view, next_pow2(D), q.device)
     o_p, lse_p = _prefix_attention(q, view, loop_id, qo_indptr, kv_indptr, qp, kp, kv_indices,
                                    sm_scale, rot, nterms)
@@ -236,6 +241,7 @@ def _workspace_extend(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
         *rot, out, out.stride(0), out.stride(1), T * GQ,
         GQ=GQ, D=D, DP=next_pow2(D), HAS_ROT=view.rotation is not None, TERMS=nterms,
         BLOCK_M=block_m, INTERP=interpreting(rq_extend_merge_kernel), num_warps=4)
+    return None
 
 
 def _prefix_attention(q: torch.Tensor, view: CompressedLayerView, loop_id: int,
@@ -258,27 +264,34 @@ def _prefix_attention(q: torch.Tensor, view: CompressedLayerView, loop_id: int,
         T * GQ, GQ=GQ, D=D, DP=dp, HAS_ROT=view.rotation is not None, TERMS=nterms,
         BLOCK_M=64, INTERP=interpreting(rq_rotate_query_kernel), num_warps=4)
     qx = qh.transpose(0, 1)  # [T*GQ, Hkv, D]: request b's rows are qp[b]*GQ:qp[b+1]*GQ
-    cu_q = qo_indptr * GQ if GQ > 1 else qo_indptr
-    host_q = [x * GQ for x in qp]
-    rows = [b for b in range(len(qp) - 1) if qp[b] < qp[b + 1]]  # requests with chunk rows
+    B = len(qp) - 1
     slab = min(WORKSPACE_TOKENS, kp[-1] - kp[0])
     ws_k = torch.empty(slab, HKV, D, dtype=torch.bfloat16, device=q.device)
     ws_v = torch.empty_like(ws_k)
-    acc = acc_lse = None
+    if slab == kp[-1] - kp[0]:  # one slab: every request in one call, its outputs returned
+        reconstruct_rows(view, loop_id, kv_indices[kp[0]:kp[-1]], ws_k, ws_v)
+        o, lse = _attend_with_lse(qx, ws_k, ws_v, qo_indptr * GQ if GQ > 1 else qo_indptr,
+                                  kv_indptr - kp[0] if kp[0] else kv_indptr,
+                                  [x * GQ for x in qp], [x - kp[0] for x in kp], causal=False,
+                                  scale=sm_scale)
+        return o.transpose(0, 1), lse  # [Hkv, T*GQ, D], [Hkv, T*GQ]
+    acc = torch.zeros(HKV, T * GQ, D, dtype=torch.float32, device=q.device)
+    acc_lse = torch.full((HKV, T * GQ), float("-inf"), dtype=torch.float32, device=q.device)
     for lo in range(kp[0], kp[-1], slab):
         hi = min(lo + slab, kp[-1])
-        host_k = [min(max(x - lo, 0), hi - lo) for x in kp]  # each request's rows in the slab
-        if not any(host_k[b] < host_k[b + 1] for b in rows):
-            continue  # the slab's rows belong to requests without chunk rows
+        # the requests [b0, b1] own the slab's rows (those between them own whole prefixes);
+        # a slab owned only by requests without chunk rows is skipped
+        own = [b for b in range(B) if kp[b] < hi and kp[b + 1] > lo and qp[b] < qp[b + 1]]
+        if not own:
+            continue
+        b0, b1 = own[0], own[-1] + 1
         reconstruct_rows(view, loop_id, kv_indices[lo:hi], ws_k[:hi - lo], ws_v[:hi - lo])
-        cu_k = (kv_indptr - lo).clamp_(0, hi - lo)
-        o, lse = _attend_with_lse(qx, ws_k[:hi - lo], ws_v[:hi - lo], cu_q, cu_k, host_q,
-                                  host_k, causal=False, scale=sm_scale)
-        o = o.transpose(0, 1)  # [Hkv, T*GQ, D]
-        if hi - lo == kp[-1] - kp[0]:
-            return o, lse  # one slab: the only part of every row
-        if acc is None:
-            acc, acc_lse = o.float(), lse
-        else:
-            _merge_into(acc, acc_lse, o, lse)
+        s, e = qp[b0] * GQ, qp[b1] * GQ
+        cu_q = (qo_indptr[b0:b1 + 1] - qp[b0]) * GQ
+        cu_k = (kv_indptr[b0:b1 + 1] - lo).clamp_(0, hi - lo)
+        o, lse = _attend_with_lse(
+            qx[s:e], ws_k[:hi - lo], ws_v[:hi - lo], cu_q, cu_k,
+            [(x - qp[b0]) * GQ for x in qp[b0:b1 + 1]],
+            [min(max(x - lo, 0), hi - lo) for x in kp[b0:b1 + 1]], causal=False, scale=sm_scale)
+        _merge_into(acc[:, s:e], acc_lse[:, s:e], o.transpose(0, 1), lse)
     return acc, acc_lse

@@ -146,3 +146,19 @@ def test_extend_workspace_host_indptrs(device):
     b = extend_attention(q, kc, vc, view, 0, qo, kv_ind, idx, sm_scale=0.125,
                          host_indptrs=(qp, kv_ind.tolist()))
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("lens", [[0, 0, 0], [17, 0, 5]], ids=["no_prefix", "prefix"])
+def test_extend_workspace_out_given_or_not(lens, device):
+    """``out`` given or left to the launcher (which may return the chunk attention's own buffer
+    when no prefix is read): the same output, bit for bit, every row written."""
+    view, kv_ind, idx, _ = build(RQConfig(), loops=2, num_kv_heads=1, group=2, dim=64,
+                                 lens=lens, rot="cfg", device=device, seed=7)
+    qo = torch.tensor([0, 3, 4, 19], dtype=torch.int32, device=device)
+    gen = torch.Generator().manual_seed(7)
+    q, kc, vc = (torch.randn(19, h, 64, generator=gen).to(torch.bfloat16).to(device)
+                 for h in (2, 1, 1))
+    out = torch.full_like(q, float("nan"))
+    a = extend_attention(q, kc, vc, view, 1, qo, kv_ind, idx, sm_scale=0.125, out=out)
+    b = extend_attention(q, kc, vc, view, 1, qo, kv_ind, idx, sm_scale=0.125)
+    assert a is out and torch.isfinite(a).all() and torch.equal(a, b)
