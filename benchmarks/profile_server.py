@@ -8,7 +8,8 @@ although the decode kernel alone is faster than SDPA. This starts the same serve
 
 1. times prefill without a profiler: prompts of ``--tokens`` fresh random ids (no cache hits),
    one output token, after a warm-up request (JIT); wall seconds and tokens/s;
-2. profiles the prefill forwards of one more prompt with SGLang's ``/start_profile`` (PyTorch
+2. profiles the prefill forwards of one more prompt (``--profile-batched``: of one more burst
+   of step 3) with SGLang's ``/start_profile`` (PyTorch
    profiler, CPU + CUDA) and summarises the trace per forward step: CPU span, GPU busy time
    (the union of its kernels; the rest of the span the GPU idles: host-bound), kernel time by
    kind, CUDA runtime/driver calls (syncs, launches) and the top aten ops;
@@ -185,8 +186,9 @@ def run_arm(arm: str, args: argparse.Namespace, model: Path, out: Path, rng: ran
             result["profiled_request_s"] = round(_generate(server, ids(args.tokens)), 3)
             _generate(server, ids(16))  # one more prefill step stops the profiler
 
-        result["profile"] = _profile(server, args, out / f"trace_{arm}_prefill", "prefill",
-                                     args.tokens // args.chunk, one_prefill)
+        if not args.profile_batched:
+            result["profile"] = _profile(server, args, out / f"trace_{arm}_prefill",
+                                         "prefill", args.tokens // args.chunk, one_prefill)
         # batched prefill: --batch-prompts concurrent prompts of --batch-tokens fresh ids, one
         # output token each (SGLang packs them into prefill batches of up to one chunk)
         with ThreadPoolExecutor(args.batch_prompts) as pool:
@@ -198,6 +200,10 @@ def run_arm(arm: str, args: argparse.Namespace, model: Path, out: Path, rng: ran
 
             burst()  # warm-up
             walls = [burst() for _ in range(args.reps)]
+            if args.profile_batched:  # the prefill steps of one more burst
+                steps = max(1, args.batch_prompts * args.batch_tokens // args.chunk)
+                result["profile"] = _profile(server, args, out / f"trace_{arm}_prefill",
+                                             "prefill", steps, burst)
         result["batched_prefill_s"] = [round(w, 4) for w in walls]
         result["batched_prefill_tok_s_median"] = round(
             args.batch_prompts * args.batch_tokens / sorted(walls)[len(walls) // 2])
@@ -232,6 +238,8 @@ def main() -> None:
                     help="concurrent prompts of the batched-prefill measurement")
     ap.add_argument("--batch-tokens", type=int, default=256,
                     help="tokens per prompt of the batched-prefill measurement")
+    ap.add_argument("--profile-batched", action="store_true",
+                    help="profile the batched-prefill burst's steps instead of a long prompt's")
     ap.add_argument("--decode-tokens", type=int, default=256,
                     help="output tokens of the batch-1 TPOT measurement")
     ap.add_argument("--with-stack", action="store_true",
