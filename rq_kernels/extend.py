@@ -7,20 +7,25 @@ Triton kernel (prefix dequantized tile by tile in registers, Ampere-style MMAs) 
 1.19-1.51x for this path (benchmarks/bench_extend.py, docs/kernels.md; the fused kernel is in
 git history). Per call, when the batch's prefixes and chunks fit `WORKSPACE_TOKENS` rows:
 
-1. one launch (`fill_extend_workspace`) writes, request after request, the reconstructed
-   prefix (dequantized, rotated back to the original basis on tensor cores) and the chunk's
-   own K/V into the workspace, the layout of BF16 paged-free extend attention;
-2. one variable-length FlashAttention call (causal, bottom-right aligned: each chunk row sees
-   its whole prefix and the chunk rows up to itself; GQA natively) writes the output.
+1. ``q' = q R`` (`rq_rotate_rows_kernel`, exact to fp32, then bf16);
+2. one launch (`fill_extend_workspace`) writes, request after request, the reconstructed
+   prefix (already in the rotated basis: no matmul) and the chunk's own K/V times ``R`` into
+   the workspace, the layout of a BF16 variable-length extend;
+3. one variable-length FlashAttention call (causal, bottom-right aligned: each chunk row sees
+   its whole prefix and the chunk rows up to itself; GQA natively) gives ``o' = o R``;
+4. ``o = o' R^T`` (the same rotation kernel) into ``out``.
 
-So a prefill batch of any size costs one Triton launch and one FlashAttention call per (layer,
-loop), as SGLang's BF16 extend costs one kernel. (Before 2026-12-02 it was a query rotation,
-the reconstruct, two FlashAttention calls per request and an un-rotation + LSE merge launch;
-the same-run A/B is in docs/kernels.md.)
+Without a rotation steps 1 and 4 vanish. So a prefill batch of any size costs three Triton
+launches and one FlashAttention call per (layer, loop). (Before 2026-12-02 it was three Triton
+launches, two FlashAttention calls per request and an LSE merge; the same-run A/B is in
+docs/kernels.md. Rotating back the reconstructed prefix instead, in the reconstruct kernel,
+moved the rotation's MMAs from the chunk's rows to the prefix's: 1.1-1.3x slower at Ouro-1.4B
+shapes, its A/B in git history.)
 
-Longer batches go slab by slab: `reconstruct_rows` writes at most `WORKSPACE_TOKENS` prefix
-rows, one variable-length call attends the requests owning them (non-causal), the chunks attend
-to themselves in one causal call, and the parts merge by log-sum-exp in fp32.
+Longer batches go slab by slab, in the rotated basis: `reconstruct_rows` writes at most
+`WORKSPACE_TOKENS` prefix rows, one variable-length call attends the requests owning them
+(non-causal), the chunks attend to themselves in one causal call, the parts merge by
+log-sum-exp in fp32 and the merged output is rotated back.
 
 A mixed batch (SGLang's ``--enable-mixed-chunk``: running decodes appended after the prefill
 chunks as one-row requests) would reconstruct every decode row's whole history into bf16; the
@@ -39,10 +44,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rq_kernels._host import check_extend_args, require_kernel, unsupported_reason
+from rq_kernels._host import (
+    cdiv, check_extend_args, interpreting, next_pow2, require_kernel, rotation_args,
+    unsupported_reason,
+)
 from rq_kernels.decode import decode_attention
 from rq_kernels.reconstruct import fill_extend_workspace, reconstruct_rows
 from rq_kernels.triton.reconstruct import rq_reconstruct_kernel
+from rq_kernels.triton.rotate import rq_rotate_rows_kernel
 
 if TYPE_CHECKING:
     from rq_kernels.view import CompressedLayerView
@@ -200,6 +209,30 @@ def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     return out if res is None else res
 
 
+def _rotate(x: torch.Tensor, view: CompressedLayerView, *, inverse: bool = False,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x R`` (``inverse``: ``x R^T``) per KV head, ``x [N, H, D]`` bf16 or fp32 with ``H`` a
+    multiple of the view's KV heads (head ``h`` uses KV head ``h // (H / Hkv)``'s rotation), last
+    dim contiguous; into ``out`` (``[N, H, D]`` bf16, allocated if None); ``x`` itself when the
+    view has no rotation, ``x`` is bf16 and ``out`` is None."""
+    if view.rotation is None and out is None and x.dtype == torch.bfloat16:
+        return x
+    N, H, D = x.shape
+    hkv = view.codes[0].shape[2]
+    gq = H // hkv
+    dp = next_pow2(D)
+    rot, nterms = rotation_args(view, dp, x.device)
+    if out is None:
+        out = torch.empty(N, H, D, dtype=torch.bfloat16, device=x.device)
+    assert x.stride(-1) == out.stride(-1) == 1
+    rq_rotate_rows_kernel[(hkv, cdiv(N * gq, 64))](
+        x, x.stride(0), x.stride(1), *rot, out, out.stride(0), gq * out.stride(1),
+        out.stride(1), N * gq, GQ=gq, D=D, DP=dp, HAS_ROT=view.rotation is not None,
+        TERMS=nterms, INVERSE=inverse, SPLIT_X=x.dtype == torch.float32, BLOCK_M=64,
+        INTERP=interpreting(rq_rotate_rows_kernel), num_warps=4)
+    return out
+
+
 def _workspace_extend(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
                       view: CompressedLayerView, loop_id: int, qo_indptr: torch.Tensor,
                       kv_indptr: torch.Tensor, qp: list[int], kp: list[int],
@@ -208,7 +241,7 @@ def _workspace_extend(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     """`extend_attention` through the workspace (module docstring) into ``out``;
     ``qo_indptr``/``kv_indptr``: ``[B + 1]`` int32 on q's device, ``qp``/``kp`` the same as host
     lists. Returns None, or (``out_given`` False: ``out`` is a fresh buffer covering every row)
-    the FlashAttention output itself instead of a copy into ``out``."""
+    the output itself when it was written elsewhere (no copy)."""
     T, HQ, D = q.shape
     HKV = k_cur.shape[1]
     if T == 0:
@@ -216,25 +249,27 @@ def _workspace_extend(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     assert qp[-1] == T, "the chunk rows are q's rows"
     B, npre = len(qp) - 1, kp[-1] - kp[0]
     if not any(kp[b] < kp[b + 1] and qp[b] < qp[b + 1] for b in range(B)):
-        # no request with rows has a prefix: every chunk over itself, causal
+        # no request with rows has a prefix: every chunk over itself, causal, original basis
         o, _ = _attend_with_lse(q, k_cur, v_cur, qo_indptr, qo_indptr, qp, qp, causal=True,
                                 scale=sm_scale)
-    elif npre + T <= WORKSPACE_TOKENS:
-        ws_k = torch.empty(npre + T, HKV, D, dtype=torch.bfloat16, device=q.device)
-        ws_v = torch.empty_like(ws_k)
-        cu_k = torch.empty_like(qo_indptr)
-        fill_extend_workspace(view, loop_id, kv_indices[kp[0]:kp[-1]], kv_indptr, qo_indptr,
-                              k_cur, v_cur, ws_k, ws_v, cu_k)
-        o, _ = _attend_with_lse(q, ws_k, ws_v, qo_indptr, cu_k, qp,
-                                [a + b - kp[0] for a, b in zip(qp, kp)], causal=True,
-                                scale=sm_scale)
-    else:
-        out.copy_(_slab_extend(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr, qp, kp,
-                               kv_indices, sm_scale))
+        if not out_given:
+            return o
+        out.copy_(o)
         return None
-    if not out_given:
+    if npre + T > WORKSPACE_TOKENS:
+        _rotate(_slab_extend(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr, qp, kp,
+                             kv_indices, sm_scale), view, inverse=True, out=out)
+        return None
+    ws_k = torch.empty(npre + T, HKV, D, dtype=torch.bfloat16, device=q.device)
+    ws_v = torch.empty_like(ws_k)
+    cu_k = torch.empty_like(qo_indptr)
+    fill_extend_workspace(view, loop_id, kv_indices[kp[0]:kp[-1]], kv_indptr, qo_indptr,
+                          k_cur, v_cur, ws_k, ws_v, cu_k)
+    o, _ = _attend_with_lse(_rotate(q, view), ws_k, ws_v, qo_indptr, cu_k, qp,
+                            [a + b - kp[0] for a, b in zip(qp, kp)], causal=True, scale=sm_scale)
+    if view.rotation is None and not out_given:
         return o
-    out.copy_(o)
+    _rotate(o, view, inverse=True, out=out)
     return None
 
 
@@ -242,14 +277,16 @@ def _slab_extend(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
                  view: CompressedLayerView, loop_id: int, qo_indptr: torch.Tensor,
                  kv_indptr: torch.Tensor, qp: list[int], kp: list[int], kv_indices: torch.Tensor,
                  sm_scale: float) -> torch.Tensor:
-    """The batch past one workspace: each slab of at most `WORKSPACE_TOKENS` prefix rows
-    attended by the requests owning it (one variable-length call), the chunks over themselves
-    (one causal call), merged by LSE; returns ``[T, Hq, D]`` fp32."""
+    """The batch past one workspace, in the rotated basis: each slab of at most
+    `WORKSPACE_TOKENS` prefix rows attended by the requests owning it (one variable-length
+    call), the chunks over themselves (one causal call), merged by LSE; returns ``o' [T, Hq,
+    D]`` fp32 (rotated basis)."""
     T, HQ, D = q.shape
     HKV = k_cur.shape[1]
     B = len(qp) - 1
-    o, lse = _attend_with_lse(q, k_cur, v_cur, qo_indptr, qo_indptr, qp, qp, causal=True,
-                              scale=sm_scale)
+    qr = _rotate(q, view)
+    o, lse = _attend_with_lse(qr, _rotate(k_cur, view), _rotate(v_cur, view), qo_indptr,
+                              qo_indptr, qp, qp, causal=True, scale=sm_scale)
     acc, acc_lse = o.float(), lse.transpose(0, 1)  # [T, Hq, D], [T, Hq]
     slab = WORKSPACE_TOKENS
     ws_k = torch.empty(slab, HKV, D, dtype=torch.bfloat16, device=q.device)
@@ -265,7 +302,7 @@ def _slab_extend(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
         reconstruct_rows(view, loop_id, kv_indices[lo:hi], ws_k[:hi - lo], ws_v[:hi - lo])
         s, e = qp[b0], qp[b1]
         o, lse = _attend_with_lse(
-            q[s:e], ws_k[:hi - lo], ws_v[:hi - lo], qo_indptr[b0:b1 + 1] - s,
+            qr[s:e], ws_k[:hi - lo], ws_v[:hi - lo], qo_indptr[b0:b1 + 1] - s,
             (kv_indptr[b0:b1 + 1] - lo).clamp_(0, hi - lo), [x - s for x in qp[b0:b1 + 1]],
             [min(max(x - lo, 0), hi - lo) for x in kp[b0:b1 + 1]], causal=False, scale=sm_scale)
         _merge_into(acc[s:e], acc_lse[s:e], o, lse.transpose(0, 1))

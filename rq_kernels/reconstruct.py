@@ -1,4 +1,4 @@
-"""Launchers of the reconstruct kernel: one loop's K/V of pool rows as bf16, original basis."""
+"""Launchers of the reconstruct kernel: one loop's K/V of pool rows as bf16, rotated basis."""
 
 from __future__ import annotations
 
@@ -17,13 +17,12 @@ if TYPE_CHECKING:
 
 BLOCK_N = 64  # rows per program
 NUM_WARPS = 4
-NUM_WARPS_ROT = 8  # with the un-rotation's MMAs: x, its hi/lo parts and R^T in registers
 
 
 def reconstruct_rows(view: CompressedLayerView, loop_id: int, rows: torch.Tensor,
                      out_k: torch.Tensor, out_v: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reconstructed K and V of loop ``loop_id`` at pool rows ``rows``, in the original basis.
+    """Reconstructed K and V of loop ``loop_id`` at pool rows ``rows``, in the rotated basis.
 
     Parameters
     ----------
@@ -36,8 +35,8 @@ def reconstruct_rows(view: CompressedLayerView, loop_id: int, rows: torch.Tensor
         ``[n]``, ``torch.int64``, ``cuda``: pool rows (slots).
     out_k, out_v:
         ``[n, num_kv_heads, head_dim]``, ``torch.bfloat16``, ``cuda``, last dim contiguous,
-        the same strides: written with ``x̂`` (dequantized in the rotated basis, then ``R^T``
-        in fp32 on tensor cores), rounded to nearest even.
+        the same strides: written with ``x̂ R`` (``R`` the view's rotation; the original basis
+        when it has none), rounded to nearest even.
 
     Returns
     -------
@@ -46,10 +45,9 @@ def reconstruct_rows(view: CompressedLayerView, loop_id: int, rows: torch.Tensor
     Note
     ----
     Memory-bound: reads the compressed rows once and writes ``2 n num_kv_heads head_dim``
-    bf16. One launch, grid ``(cdiv(n, 64), num_kv_heads, 2)``. Matches the twin
-    `sglang_rq.reference.reconstruct_rows_reference` bit for bit without a rotation (fp32 in
-    the twin's order, FMA contraction off) and to fp32 rounding before the one bf16 rounding
-    with one. Raises ValueError for a format outside `rq_kernels._host.unsupported_reason` or
+    bf16. One launch, grid ``(cdiv(n, 64), num_kv_heads, 2)``. Bit-identical to the twin
+    `sglang_rq.reference.reconstruct_rows_reference` (fp32 in the twin's order, FMA contraction
+    off). Raises ValueError for a format outside `rq_kernels._host.unsupported_reason` or
     CPU tensors outside ``TRITON_INTERPRET=1``.
     """
     require_kernel("reconstruct_rows", unsupported_reason(view), rq_reconstruct_kernel, rows)
@@ -69,9 +67,10 @@ def fill_extend_workspace(view: CompressedLayerView, loop_id: int, kv_indices: t
                           kv_indptr: torch.Tensor, qo_indptr: torch.Tensor, k_cur: torch.Tensor,
                           v_cur: torch.Tensor, ws_k: torch.Tensor, ws_v: torch.Tensor,
                           cu_k: torch.Tensor) -> None:
-    """An extend batch's keys and values in FlashAttention's variable-length layout, in one
-    launch: request ``b``'s reconstructed prefix (as `reconstruct_rows`, original basis) then its
-    chunk's own K/V, requests one after another.
+    """An extend batch's keys and values in FlashAttention's variable-length layout, in the
+    rotated basis, in one launch: request ``b``'s reconstructed prefix (as `reconstruct_rows`)
+    then its chunk's own K/V times ``R`` (exact to fp32, then bf16), requests one after
+    another.
 
     Parameters
     ----------
@@ -84,7 +83,8 @@ def fill_extend_workspace(view: CompressedLayerView, loop_id: int, kv_indices: t
         ``[B + 1]``, ``torch.int32``: the requests' prefix and chunk offsets
         (``kv_indptr[-1] - kv_indptr[0] == nnz``, ``qo_indptr[0] == 0``).
     k_cur, v_cur:
-        ``[T, num_kv_heads, head_dim]`` bf16, ``T == qo_indptr[-1]``: the chunks' K/V.
+        ``[T, num_kv_heads, head_dim]`` bf16, ``T == qo_indptr[-1]``: the chunks' K/V,
+        original basis.
     ws_k, ws_v:
         ``[nnz + T, num_kv_heads, head_dim]`` bf16, the same strides: written in full.
     cu_k:
@@ -125,4 +125,4 @@ def _launch(view, loop_id, rows, n, out_k, out_v, place, blocks) -> None:
         rows, n, *args, *rot, out_k, out_v, out_k.stride(0), out_k.stride(1), *place,
         HAS_ROT=has_rot, TERMS=nterms, PLACE=placing,
         BLOCK_N=BLOCK_N, INTERP=interpreting(rq_reconstruct_kernel),
-        num_warps=NUM_WARPS_ROT if has_rot else NUM_WARPS, enable_fp_fusion=False, **c)
+        num_warps=NUM_WARPS, enable_fp_fusion=False, **c)

@@ -326,11 +326,14 @@ def reconstruct_rows_reference(view: CompressedLayerView, loop_id: int, rows: to
                                out_k: torch.Tensor, out_v: torch.Tensor
                                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Twin of `rq_kernels.reconstruct.reconstruct_rows`: loop ``loop_id`` at rows ``rows``
-    (``[n]`` int64) in the original basis (`dequantize_rows_reference`), written as bf16 into
-    ``out_k``/``out_v`` ``[n, num_kv_heads, D]``; returns them."""
-    k, v = dequantize_rows_reference(view, rows, loop_id)
-    out_k.copy_(k.to(torch.bfloat16))
-    out_v.copy_(v.to(torch.bfloat16))
+    (``[n]`` int64) in the rotated basis, ``x̂ R`` (`decode` before its un-rotation), written
+    as bf16 into ``out_k``/``out_v`` ``[n, num_kv_heads, D]``; returns them."""
+    for kv, o in ((0, out_k), (1, out_v)):
+        x = _decode_work(gather_rows(view, rows, kv), loop_id, view.segments, view.cfg,
+                         view.rotation, view.head_dim)
+        if view.rotation is not None and not view.cfg.rotate_anchor:
+            x = _rotate(x, view.rotation)
+        o.copy_(x.to(torch.bfloat16))
     return out_k, out_v
 
 

@@ -2,17 +2,18 @@
 
 One program = (``BLOCK_N`` rows, KV head, K-or-V). Each row's anchor and own residual are
 dequantized in fp32 in the operation order of `sglang_rq.reference.decode` (``a = m_a + s_a
-q_a``, ``r = m_r + s_r q_r``, ``x = c a + r``; the fused formats quantize anchor and residual
-in the same, rotated, basis), rotated back to the original basis on tensor cores (``x R^T``,
-fp32-accurate: `rotate_rows` with the x split into bf16 hi + lo parts) and stored as bf16.
+q_a``, ``r = m_r + s_r q_r``, ``x = c a + r``) and stored as bf16 in the rotated basis: the
+fused formats quantize anchor and residual in the same basis, so no matmul is needed. The
+launcher disables FMA contraction, so the result is bit-identical to the twin on the GPU too.
 
 ``PLACE``: the rows are the concatenated prefixes of an extend batch and the workspace holds,
 per request, its prefix then its chunk (the layout FlashAttention's variable-length causal call
 reads): prefix row ``p`` (from ``kv_indptr[0]``) goes to ``p + sum(chunk lengths of requests
-whose prefix ends at or before p)``; program ``i`` also copies block ``i`` of the chunk's own
-K/V rows, row ``t`` to ``t + sum(prefix lengths of requests whose chunk starts at or before
-t)`` (the grid covers the longer of the two); program 0 writes the per-request key offsets
-(``cu_k[b] = qo_indptr[b] + kv_indptr[b] - kv_indptr[0]``).
+whose prefix ends at or before p)``; program ``i`` also writes block ``i`` of the chunk's own
+K/V rows, rotated (``x R``, exact to fp32 on tensor cores, then bf16), row ``t`` to ``t +
+sum(prefix lengths of requests whose chunk starts at or before t)`` (the grid covers the longer
+of the two); program 0 writes the per-request key offsets (``cu_k[b] = qo_indptr[b] +
+kv_indptr[b] - kv_indptr[0]``).
 """
 
 import triton
@@ -74,9 +75,6 @@ def rq_reconstruct_kernel(
     if R_BITS > 0:
         x += _dequant(Rc + kv * s_rc_kv + hk * s_rc_h, s_rc_r, Rso + kv * s_rso_kv + hk * s_rso_h,
                       s_rso_r, slot, n_mask, R_BITS, D, NG, NGP, G, BLOCK_N)
-    if HAS_ROT:  # back to the original basis: x R^T
-        x = rotate_rows(x, Rot + hk * s_rhead, s_rterm, s_rrow, TERMS, True, True, DP,
-                        INTERP) * alpha
     dst = offs
     if PLACE:
         base = tl.load(KvIndptr)
@@ -88,16 +86,23 @@ def rq_reconstruct_kernel(
         tl.store(Ok + offs_o, y, mask=m)
     else:
         tl.store(Ov + offs_o, y, mask=m)
-    if PLACE:  # this program's block of the chunk's own K/V rows, copied
+    if PLACE:  # this program's block of the chunk's own K/V rows, rotated
         t = offs
         dst = t + _place_shift(t, QoIndptr, KvIndptr, num_req, 0)
         m = (t < num_chunk)[:, None] & (d[None, :] < D)
         src = t[:, None].to(tl.int64) * s_ct + hk * s_ch + d[None, :]
+        if kv == 0:
+            xc = tl.load(Kc + src, mask=m, other=0.0)
+        else:
+            xc = tl.load(Vc + src, mask=m, other=0.0)
+        if HAS_ROT:
+            xc = to_bf16(rotate_rows(xc, Rot + hk * s_rhead, s_rterm, s_rrow, TERMS, False, False,
+                                     DP, INTERP) * alpha, INTERP)
         out = dst[:, None].to(tl.int64) * s_ot + hk * s_oh + d[None, :]
         if kv == 0:
-            tl.store(Ok + out, tl.load(Kc + src, mask=m), mask=m)
+            tl.store(Ok + out, xc, mask=m)
         else:
-            tl.store(Ov + out, tl.load(Vc + src, mask=m), mask=m)
+            tl.store(Ov + out, xc, mask=m)
         if tl.program_id(0) + hk + kv == 0:  # the key offsets of the variable-length call
             for b in range(0, num_req + 1):
                 tl.store(CuK + b, tl.load(QoIndptr + b) + tl.load(KvIndptr + b) - base)

@@ -1,15 +1,16 @@
-"""The workspace extend path: `reconstruct_rows` and `fill_extend_workspace` vs their twin,
+"""The workspace extend path: `reconstruct_rows` and `fill_extend_workspace` vs their twins,
 and `extend_attention` (the workspace path) on more shapes and slab boundaries vs the fp32
 reference.
 
 Tolerance policy
 ----------------
-* Reconstruct: without a rotation bit-identical (`torch.equal`) to
-  `sglang_rq.reference.reconstruct_rows_reference` (both dequantize in fp32 in the same order
-  and round once to bf16, nearest even; the launcher turns FMA contraction off, so this holds
-  on the GPU too). With one, the kernel rotates back on tensor cores (fp32-accurate, ~2^-17)
-  and the twin with an fp32 einsum, so a value may round to the neighbouring bf16: at most one
-  bf16 ulp (2^-7 relative) plus 2^-16 of the row's largest magnitude.
+* Reconstruct: bit-identical (`torch.equal`) to `sglang_rq.reference.reconstruct_rows_reference`.
+  Both dequantize in fp32 in the same order and round once to bf16 (nearest even); the launcher
+  turns FMA contraction off, so this holds on the GPU too. The twin itself is checked against
+  `dequantize_rows_reference` (un-rotated, it is the dequantized K/V up to one bf16 rounding).
+* The chunk rows of the workspace (``k R`` on tensor cores, exact to fp32, against an fp32
+  einsum): at most one bf16 ulp (2^-7 relative) plus 2^-16 of the row's largest magnitude, as
+  both round an fp32 value once; bit-identical without a rotation.
 * Attention: the flash-attn rule of test_extend.py (max and Frobenius error <= 2x those of
   the same dequantized K/V through bf16 SDPA, plus one bf16 ulp of max|ref| / 1e-3 ||ref||).
   On CPU the FlashAttention step is its fp32 maths twin (P rounded to bf16 as the flash kernel
@@ -27,7 +28,7 @@ import rq_kernels.extend as ew
 from rq_kernels.extend import extend_attention
 from rq_kernels.reconstruct import fill_extend_workspace, reconstruct_rows
 from sglang_rq.config import RQConfig
-from sglang_rq.reference import reconstruct_rows_reference
+from sglang_rq.reference import dequantize_rows_reference, reconstruct_rows_reference
 
 H12 = RQConfig(anchor="first", lsq=False, anchor_bits=8, residual_bits=4)
 SHARED = RQConfig(group_size=64, loop_bits=(0, 2, 4))  # a 0-bit (shared) loop
@@ -43,15 +44,6 @@ RECON_CASES = [
 ]
 
 
-def _assert_twin(got: torch.Tensor, want: torch.Tensor, rotated: bool, what: str) -> None:
-    if not rotated:
-        assert torch.equal(got, want), f"{what}: not bit-identical"
-        return
-    g, w = got.float(), want.float()
-    tol = 2.0 ** -7 * w.abs() + 2.0 ** -16 * w.abs().amax(-1, keepdim=True)
-    assert ((g - w).abs() <= tol).all(), f"{what}: {(g - w).abs().max().item()} off the twin"
-
-
 def _check_reconstruct(cfg, loops, hkv, dim, rot, head_major, lens, device, seed):
     view, _, idx, _ = build(cfg, loops=loops, num_kv_heads=hkv, group=1, dim=dim, lens=lens,
                             rot=rot, device=device, seed=seed, head_major=head_major)
@@ -64,9 +56,16 @@ def _check_reconstruct(cfg, loops, hkv, dim, rot, head_major, lens, device, seed
         rk = torch.empty(n, hkv, dim, dtype=torch.bfloat16, device=device)
         rv = torch.empty_like(rk)
         reconstruct_rows_reference(view, loop, idx, rk, rv)
-        _assert_twin(ok, rk, view.rotation is not None, f"loop {loop} K")
-        _assert_twin(ov, rv, view.rotation is not None, f"loop {loop} V")
+        assert torch.equal(ok, rk) and torch.equal(ov, rv), f"loop {loop}: not bit-identical"
         assert torch.isnan(buf[..., dim:]).all(), f"loop {loop}: wrote past head_dim"
+        # the twin is the dequantized K/V, rotated, up to one bf16 rounding
+        dk, dv = dequantize_rows_reference(view, idx, loop)
+        for got, want in ((rk, dk), (rv, dv)):
+            x = got.float()
+            if view.rotation is not None:
+                x = torch.einsum("nhd,hed->nhe", x, view.rotation.float())  # x' R^T
+            tol = 2.0 ** -7 * want.abs().amax(-1, keepdim=True) + 1e-6
+            assert ((x - want).abs() <= tol).all(), f"loop {loop}: twin vs dequantize_rows"
 
 
 @pytest.mark.parametrize("name,cfg,loops,hkv,dim,rot,head_major", RECON_CASES,
@@ -86,8 +85,8 @@ def test_reconstruct_no_rows(device):
 
 @pytest.mark.parametrize("rot", ["cfg", "none"])
 def test_fill_extend_workspace_layout(rot, device):
-    """Request after request, its prefix (as the reconstruct twin) then its chunk's own K/V,
-    and the key offsets: empty prefixes and chunks, a batch whose indices start past 0."""
+    """Request after request, its prefix (as the reconstruct twin) then its chunk's own K/V
+    times R, and the key offsets: empty prefixes and chunks, indices starting past 0."""
     cfg = RQConfig() if rot == "cfg" else RQConfig(rotation="none")
     prefix, chunks = [3, 0, 17, 5, 0], [4, 2, 0, 1, 19]
     view, _, idx, _ = build(cfg, loops=4, num_kv_heads=2, group=1, dim=64, lens=[7] + prefix,
@@ -113,12 +112,18 @@ def test_fill_extend_workspace_layout(rot, device):
         row = 0
         for b in range(len(chunks)):
             p0, p1 = kp[b] - kp[0], kp[b + 1] - kp[0]
+            c0 = row + p1 - p0
             for got, want, cur in ((ws[0], rk, kc), (ws[1], rv, vc)):
-                _assert_twin(got[row:row + p1 - p0], want[p0:p1], view.rotation is not None,
-                             f"loop {loop} request {b} prefix")
-                assert torch.equal(got[row + p1 - p0:row + p1 - p0 + chunks[b]],
-                                   cur[qp[b]:qp[b + 1]]), f"loop {loop} request {b} chunk"
-            row += p1 - p0 + chunks[b]
+                assert torch.equal(got[row:c0], want[p0:p1]), f"loop {loop} request {b} prefix"
+                g = got[c0:c0 + chunks[b]].float()
+                w = cur[qp[b]:qp[b + 1]].float()
+                if view.rotation is None:
+                    assert torch.equal(g, w), f"loop {loop} request {b} chunk"
+                    continue
+                w = torch.einsum("nhd,hde->nhe", w, view.rotation.float()).bfloat16().float()
+                tol = 2.0 ** -7 * w.abs() + 2.0 ** -16 * w.abs().amax(-1, keepdim=True)
+                assert ((g - w).abs() <= tol).all(), f"loop {loop} request {b} chunk"
+            row = c0 + chunks[b]
         assert cu_k.tolist() == [a + b - kp[0] for a, b in zip(qp, kp)]
 
 
