@@ -5,7 +5,7 @@ run a stock kernel"); vLLM's MLA chunked-context prefill works the same way. It 
 Triton kernel (prefix dequantized tile by tile in registers, Ampere-style MMAs) that took
 1.94-2.66x the time of FlashAttention on the H200 (its best launch per shape), against
 1.19-1.51x for this path (benchmarks/bench_extend.py, docs/kernels.md; the fused kernel is in
-git history). Per call, when the batch's prefixes and chunks fit `WORKSPACE_TOKENS` rows:
+git history). Per call, when the batch's prefixes fit `WORKSPACE_TOKENS` rows:
 
 1. ``q' = q R`` (`rq_rotate_rows_kernel`, exact to fp32, then bf16);
 2. one launch (`fill_extend_workspace`) writes, request after request, the reconstructed
@@ -56,9 +56,9 @@ from rq_kernels.triton.rotate import rq_rotate_rows_kernel
 if TYPE_CHECKING:
     from rq_kernels.view import CompressedLayerView
 
-# Rows of the workspace (prefix plus chunk rows, or one slab of prefix rows). It is
-# WORKSPACE_TOKENS x num_kv_heads x head_dim x 2 (K, V) bf16: 128 MiB for Ouro-1.4B (16 x 128),
-# 24 MiB for SmolLM2 (3 x 64).
+# Prefix rows of the workspace (one batch's prefixes, or one slab); the batch's chunk rows come
+# on top. WORKSPACE_TOKENS x num_kv_heads x head_dim x 2 (K, V) bf16 is 128 MiB for Ouro-1.4B
+# (16 x 128), 24 MiB for SmolLM2 (3 x 64).
 # NOTE: tests monkeypatch it to exercise slab boundaries; it is not a launch parameter.
 WORKSPACE_TOKENS = 16384
 
@@ -256,7 +256,7 @@ def _workspace_extend(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
             return o
         out.copy_(o)
         return None
-    if npre + T > WORKSPACE_TOKENS:
+    if npre > WORKSPACE_TOKENS:
         _rotate(_slab_extend(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr, qp, kp,
                              kv_indices, sm_scale), view, inverse=True, out=out)
         return None
