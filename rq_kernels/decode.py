@@ -36,7 +36,7 @@ from rq_kernels.decode_tc import tc_occupancy, tc_split, tc_unsupported_reason
 from rq_kernels.decode_tc import TILE as TC_TILE
 from rq_kernels.triton.decode_fma import rq_decode_fma_split_kernel
 from rq_kernels.triton.decode_mma import rq_decode_merge_kernel, rq_decode_mma_split_kernel
-from rq_kernels.triton.rotate import rq_rotate_rows_kernel
+from rq_kernels.triton.query import rq_rotate_query_kernel
 
 if TYPE_CHECKING:
     from rq_kernels.view import CompressedLayerView
@@ -171,7 +171,7 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
             raise ValueError("DecodeLaunch.block_n does not apply to the tc split kernel "
                              "(16-token tiles)")
         require_kernel("decode_attention (tc)", tc_unsupported_reason(view, loop_id, gq, q.device),
-                       rq_rotate_rows_kernel, q)
+                       rq_rotate_query_kernel, q)
     elif kernel == "fma":
         require_kernel("decode_attention (fma)", fma_unsupported_reason(view, gq),
                        rq_decode_fma_split_kernel, q)
@@ -187,10 +187,9 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     qk_scale = sm_scale * LOG2E
     if kernel == "tc":
         q_rot = torch.empty(B, HQ, D, dtype=torch.float32, device=dev)
-        rq_rotate_rows_kernel[(HKV, cdiv(B * gq, 16))](
+        rq_rotate_query_kernel[(HKV, cdiv(B * gq, 16))](
             q, q.stride(0), q.stride(1), *rot, q_rot, HQ * D, gq * D, D, B * gq, GQ=gq, D=D, DP=dp,
-            HAS_ROT=has_rot, TERMS=nterms, INVERSE=False, SPLIT_X=False, BLOCK_M=16,
-            INTERP=interp, num_warps=4)
+            HAS_ROT=has_rot, TERMS=nterms, BLOCK_M=16, INTERP=interp, num_warps=4)
         occupancy = tc_occupancy(B * HKV, _num_sms(dev.index or 0))
         splits = launch.num_splits or choose_num_splits(
             B, HKV, kv_indices.numel(), dev, block_n=TC_TILE,

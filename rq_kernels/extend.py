@@ -4,28 +4,25 @@ DESIGN.md section 4 allows it ("a first version may dequantize the prefix into a
 run a stock kernel"); vLLM's MLA chunked-context prefill works the same way. It replaced a fused
 Triton kernel (prefix dequantized tile by tile in registers, Ampere-style MMAs) that took
 1.94-2.66x the time of FlashAttention on the H200 (its best launch per shape), against
-1.19-1.51x for this path (benchmarks/bench_extend.py, docs/kernels.md; the fused kernel is in
-git history). Per call, when the batch's prefixes fit `WORKSPACE_TOKENS` rows:
+1.19-1.51x for this path
+(benchmarks/bench_extend.py, docs/kernels.md; the fused kernel is in git history). Per call:
 
-1. ``q' = q R`` (`rq_rotate_rows_kernel`, exact to fp32, then bf16);
-2. one launch (`fill_extend_workspace`) writes, request after request, the reconstructed
-   prefix (already in the rotated basis: no matmul) and the chunk's own K/V times ``R`` into
-   the workspace, the layout of a BF16 variable-length extend;
-3. one variable-length FlashAttention call (causal, bottom-right aligned: each chunk row sees
-   its whole prefix and the chunk rows up to itself; GQA natively) gives ``o' = o R``;
-4. ``o = o' R^T`` (the same rotation kernel) into ``out``.
+1. ``q' = q R`` per KV head, once (`rq_rotate_query_kernel`), with the ``GQ`` query heads of a
+   KV head laid on the sequence axis (``[num_kv_heads, num_tokens * GQ, D]`` bf16, row
+   ``t * GQ + g``): the prefix is attended non-causally, so the rows need no mask and K/V are
+   never expanded;
+2. the concatenated prefixes (``kv_indices``) in slabs of at most `WORKSPACE_TOKENS` rows:
+   `reconstruct_rows` writes a slab's K'/V' (rotated basis) into the workspace in one launch,
+   then one variable-length FlashAttention call attends every request's rows to its part of
+   the slab and returns the log-sum-exp; slabs merge by LSE (one slab: the call's outputs are
+   read where they lie, no fp32 accumulator);
+3. every request's chunk attends to itself causally (original basis, GQA natively), all
+   chunks in one variable-length call; one launch (`rq_extend_merge_kernel`) un-rotates the
+   prefix output (``o' R^T``) and merges the two by LSE into ``out``.
 
-Without a rotation steps 1 and 4 vanish. So a prefill batch of any size costs three Triton
-launches and one FlashAttention call per (layer, loop). (Before 2026-12-02 it was three Triton
-launches, two FlashAttention calls per request and an LSE merge; the same-run A/B is in
-docs/kernels.md. Rotating back the reconstructed prefix instead, in the reconstruct kernel,
-moved the rotation's MMAs from the chunk's rows to the prefix's: 1.1-1.3x slower at Ouro-1.4B
-shapes, its A/B in git history.)
-
-Longer batches go slab by slab, in the rotated basis: `reconstruct_rows` writes at most
-`WORKSPACE_TOKENS` prefix rows, one variable-length call attends the requests owning them
-(non-causal), the chunks attend to themselves in one causal call, the parts merge by
-log-sum-exp in fp32 and the merged output is rotated back.
+So a prefill batch of B requests costs the same launches as one request: 2 FlashAttention
+calls and 3 Triton launches per (layer, loop), plus one reconstruct and one FlashAttention
+call per further slab (before 2026-12-02 it was 2 FlashAttention calls per request).
 
 A mixed batch (SGLang's ``--enable-mixed-chunk``: running decodes appended after the prefill
 chunks as one-row requests) would reconstruct every decode row's whole history into bf16; the
@@ -33,9 +30,9 @@ trailing run of one-row requests goes to `rq_kernels.decode.decode_attention` in
 reads the compressed rows once (the H200 whole-card run of 2026-12-01 slowed TPOT 2.1x before
 this split).
 
-LSEs are natural-log ``log sum exp(sm_scale q.k)`` (FlashAttention's convention). The host
-needs the lengths: one ``.tolist()`` of both indptrs per call (extend is never captured in a
-CUDA graph), unless the caller passes them (``host_indptrs``).
+LSEs are natural-log ``log sum exp(sm_scale q.k)`` (FlashAttention's convention). Rotations run
+in fp32. The host needs the lengths: one ``.tolist()`` of both indptrs per call (extend is never
+captured in a CUDA graph), unless the caller passes them (``host_indptrs``).
 """
 
 from __future__ import annotations
@@ -49,16 +46,16 @@ from rq_kernels._host import (
     unsupported_reason,
 )
 from rq_kernels.decode import decode_attention
-from rq_kernels.reconstruct import fill_extend_workspace, reconstruct_rows
+from rq_kernels.reconstruct import reconstruct_rows
+from rq_kernels.triton.extend import rq_extend_merge_kernel
+from rq_kernels.triton.query import rq_rotate_query_kernel
 from rq_kernels.triton.reconstruct import rq_reconstruct_kernel
-from rq_kernels.triton.rotate import rq_rotate_rows_kernel
 
 if TYPE_CHECKING:
     from rq_kernels.view import CompressedLayerView
 
-# Prefix rows of the workspace (one batch's prefixes, or one slab); the batch's chunk rows come
-# on top. WORKSPACE_TOKENS x num_kv_heads x head_dim x 2 (K, V) bf16 is 128 MiB for Ouro-1.4B
-# (16 x 128), 24 MiB for SmolLM2 (3 x 64).
+# Prefix tokens reconstructed per slab. The workspace is WORKSPACE_TOKENS x num_kv_heads x
+# head_dim x 2 (K, V) bf16: 128 MiB for Ouro-1.4B (16 x 128), 24 MiB for SmolLM2 (3 x 64).
 # NOTE: tests monkeypatch it to exercise slab boundaries; it is not a launch parameter.
 WORKSPACE_TOKENS = 16384
 
@@ -209,101 +206,92 @@ def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     return out if res is None else res
 
 
-def _rotate(x: torch.Tensor, view: CompressedLayerView, *, inverse: bool = False,
-            out: torch.Tensor | None = None) -> torch.Tensor:
-    """``x R`` (``inverse``: ``x R^T``) per KV head, ``x [N, H, D]`` bf16 or fp32 with ``H`` a
-    multiple of the view's KV heads (head ``h`` uses KV head ``h // (H / Hkv)``'s rotation), last
-    dim contiguous; into ``out`` (``[N, H, D]`` bf16, allocated if None); ``x`` itself when the
-    view has no rotation, ``x`` is bf16 and ``out`` is None."""
-    if view.rotation is None and out is None and x.dtype == torch.bfloat16:
-        return x
-    N, H, D = x.shape
-    hkv = view.codes[0].shape[2]
-    gq = H // hkv
-    dp = next_pow2(D)
-    rot, nterms = rotation_args(view, dp, x.device)
-    if out is None:
-        out = torch.empty(N, H, D, dtype=torch.bfloat16, device=x.device)
-    assert x.stride(-1) == out.stride(-1) == 1
-    rq_rotate_rows_kernel[(hkv, cdiv(N * gq, 64))](
-        x, x.stride(0), x.stride(1), *rot, out, out.stride(0), gq * out.stride(1),
-        out.stride(1), N * gq, GQ=gq, D=D, DP=dp, HAS_ROT=view.rotation is not None,
-        TERMS=nterms, INVERSE=inverse, SPLIT_X=x.dtype == torch.float32, BLOCK_M=64,
-        INTERP=interpreting(rq_rotate_rows_kernel), num_warps=4)
-    return out
-
-
 def _workspace_extend(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
                       view: CompressedLayerView, loop_id: int, qo_indptr: torch.Tensor,
                       kv_indptr: torch.Tensor, qp: list[int], kp: list[int],
                       kv_indices: torch.Tensor, sm_scale: float, out: torch.Tensor, *,
                       out_given: bool = True) -> torch.Tensor | None:
-    """`extend_attention` through the workspace (module docstring) into ``out``;
+    """`extend_attention` through the workspace (module docstring, steps 1-3) into ``out``;
     ``qo_indptr``/``kv_indptr``: ``[B + 1]`` int32 on q's device, ``qp``/``kp`` the same as host
     lists. Returns None, or (``out_given`` False: ``out`` is a fresh buffer covering every row)
-    the output itself when it was written elsewhere (no copy)."""
+    the chunk attention's own output instead of a copy into ``out`` when no prefix is read."""
     T, HQ, D = q.shape
     HKV = k_cur.shape[1]
+    GQ = HQ // HKV
     if T == 0:
         return None
     assert qp[-1] == T, "the chunk rows are q's rows"
-    B, npre = len(qp) - 1, kp[-1] - kp[0]
-    if not any(kp[b] < kp[b + 1] and qp[b] < qp[b + 1] for b in range(B)):
-        # no request with rows has a prefix: every chunk over itself, causal, original basis
-        o, _ = _attend_with_lse(q, k_cur, v_cur, qo_indptr, qo_indptr, qp, qp, causal=True,
+    # every chunk over itself, causal, original basis, in one call: [T, Hq, D] and [Hq, T]
+    o_c, lse = _attend_with_lse(q, k_cur, v_cur, qo_indptr, qo_indptr, qp, qp, causal=True,
                                 scale=sm_scale)
+    lse_c = lse.transpose(0, 1)
+    if not any(kp[b] < kp[b + 1] and qp[b] < qp[b + 1] for b in range(len(qp) - 1)):
         if not out_given:
-            return o
-        out.copy_(o)
+            return o_c
+        out.copy_(o_c)  # no request with rows has a prefix
         return None
-    if npre > WORKSPACE_TOKENS:
-        _rotate(_slab_extend(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr, qp, kp,
-                             kv_indices, sm_scale), view, inverse=True, out=out)
-        return None
-    ws_k = torch.empty(npre + T, HKV, D, dtype=torch.bfloat16, device=q.device)
-    ws_v = torch.empty_like(ws_k)
-    cu_k = torch.empty_like(qo_indptr)
-    fill_extend_workspace(view, loop_id, kv_indices[kp[0]:kp[-1]], kv_indptr, qo_indptr,
-                          k_cur, v_cur, ws_k, ws_v, cu_k)
-    o, _ = _attend_with_lse(_rotate(q, view), ws_k, ws_v, qo_indptr, cu_k, qp,
-                            [a + b - kp[0] for a, b in zip(qp, kp)], causal=True, scale=sm_scale)
-    if view.rotation is None and not out_given:
-        return o
-    _rotate(o, view, inverse=True, out=out)
+    rot, nterms = rotation_args(view, next_pow2(D), q.device)
+    o_p, lse_p = _prefix_attention(q, view, loop_id, qo_indptr, kv_indptr, qp, kp, kv_indices,
+                                   sm_scale, rot, nterms)
+    assert o_p.stride(-1) == o_c.stride(-1) == out.stride(-1) == 1, "rows must be contiguous"
+    block_m = 64
+    rq_extend_merge_kernel[(HKV, cdiv(T * GQ, block_m))](
+        o_p, o_p.stride(0), o_p.stride(1), lse_p, lse_p.stride(0), lse_p.stride(1),
+        o_c, o_c.stride(0), o_c.stride(1), lse_c, lse_c.stride(0), lse_c.stride(1),
+        *rot, out, out.stride(0), out.stride(1), T * GQ,
+        GQ=GQ, D=D, DP=next_pow2(D), HAS_ROT=view.rotation is not None, TERMS=nterms,
+        BLOCK_M=block_m, INTERP=interpreting(rq_extend_merge_kernel), num_warps=4)
     return None
 
 
-def _slab_extend(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
-                 view: CompressedLayerView, loop_id: int, qo_indptr: torch.Tensor,
-                 kv_indptr: torch.Tensor, qp: list[int], kp: list[int], kv_indices: torch.Tensor,
-                 sm_scale: float) -> torch.Tensor:
-    """The batch past one workspace, in the rotated basis: each slab of at most
-    `WORKSPACE_TOKENS` prefix rows attended by the requests owning it (one variable-length
-    call), the chunks over themselves (one causal call), merged by LSE; returns ``o' [T, Hq,
-    D]`` fp32 (rotated basis)."""
+def _prefix_attention(q: torch.Tensor, view: CompressedLayerView, loop_id: int,
+                      qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, qp: list[int],
+                      kp: list[int], kv_indices: torch.Tensor, sm_scale: float, rot: tuple,
+                      nterms: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every request's chunk over its compressed prefix, slab by slab, one FlashAttention call
+    per slab: output ``[Hkv, T*GQ, D]`` in the rotated basis and LSE ``[Hkv, T*GQ]`` fp32
+    (``-inf``, output 0: no prefix). With one slab the call's bf16 output and LSE are returned
+    as they are; otherwise the slabs merge in fp32. The caller guarantees that some request with
+    chunk rows has a prefix; ``rot``, ``nterms``: `rotation_args` at the padded head_dim."""
     T, HQ, D = q.shape
-    HKV = k_cur.shape[1]
+    HKV = view.codes[0].shape[2]
+    GQ = HQ // HKV
+    dp = next_pow2(D)
+    # q' = q R with the GQ query heads of a KV head on the row axis (row t * GQ + g), bf16
+    qh = torch.empty(HKV, T * GQ, D, dtype=torch.bfloat16, device=q.device)
+    rq_rotate_query_kernel[(HKV, cdiv(T * GQ, 64))](
+        q, q.stride(0), q.stride(1), *rot, qh, GQ * D, T * GQ * D, D,
+        T * GQ, GQ=GQ, D=D, DP=dp, HAS_ROT=view.rotation is not None, TERMS=nterms,
+        BLOCK_M=64, INTERP=interpreting(rq_rotate_query_kernel), num_warps=4)
+    qx = qh.transpose(0, 1)  # [T*GQ, Hkv, D]: request b's rows are qp[b]*GQ:qp[b+1]*GQ
     B = len(qp) - 1
-    qr = _rotate(q, view)
-    o, lse = _attend_with_lse(qr, _rotate(k_cur, view), _rotate(v_cur, view), qo_indptr,
-                              qo_indptr, qp, qp, causal=True, scale=sm_scale)
-    acc, acc_lse = o.float(), lse.transpose(0, 1)  # [T, Hq, D], [T, Hq]
-    slab = WORKSPACE_TOKENS
+    slab = min(WORKSPACE_TOKENS, kp[-1] - kp[0])
     ws_k = torch.empty(slab, HKV, D, dtype=torch.bfloat16, device=q.device)
     ws_v = torch.empty_like(ws_k)
+    if slab == kp[-1] - kp[0]:  # one slab: every request in one call, its outputs returned
+        reconstruct_rows(view, loop_id, kv_indices[kp[0]:kp[-1]], ws_k, ws_v)
+        o, lse = _attend_with_lse(qx, ws_k, ws_v, qo_indptr * GQ if GQ > 1 else qo_indptr,
+                                  kv_indptr - kp[0] if kp[0] else kv_indptr,
+                                  [x * GQ for x in qp], [x - kp[0] for x in kp], causal=False,
+                                  scale=sm_scale)
+        return o.transpose(0, 1), lse  # [Hkv, T*GQ, D], [Hkv, T*GQ]
+    acc = torch.zeros(HKV, T * GQ, D, dtype=torch.float32, device=q.device)
+    acc_lse = torch.full((HKV, T * GQ), float("-inf"), dtype=torch.float32, device=q.device)
     for lo in range(kp[0], kp[-1], slab):
         hi = min(lo + slab, kp[-1])
-        # the requests [b0, b1) own the slab's rows (those between the ends own whole
-        # prefixes); a slab owned only by requests without chunk rows is skipped
+        # the requests [b0, b1] own the slab's rows (those between them own whole prefixes);
+        # a slab owned only by requests without chunk rows is skipped
         own = [b for b in range(B) if kp[b] < hi and kp[b + 1] > lo and qp[b] < qp[b + 1]]
         if not own:
             continue
         b0, b1 = own[0], own[-1] + 1
         reconstruct_rows(view, loop_id, kv_indices[lo:hi], ws_k[:hi - lo], ws_v[:hi - lo])
-        s, e = qp[b0], qp[b1]
+        s, e = qp[b0] * GQ, qp[b1] * GQ
+        cu_q = (qo_indptr[b0:b1 + 1] - qp[b0]) * GQ
+        cu_k = (kv_indptr[b0:b1 + 1] - lo).clamp_(0, hi - lo)
         o, lse = _attend_with_lse(
-            qr[s:e], ws_k[:hi - lo], ws_v[:hi - lo], qo_indptr[b0:b1 + 1] - s,
-            (kv_indptr[b0:b1 + 1] - lo).clamp_(0, hi - lo), [x - s for x in qp[b0:b1 + 1]],
+            qx[s:e], ws_k[:hi - lo], ws_v[:hi - lo], cu_q, cu_k,
+            [(x - qp[b0]) * GQ for x in qp[b0:b1 + 1]],
             [min(max(x - lo, 0), hi - lo) for x in kp[b0:b1 + 1]], causal=False, scale=sm_scale)
-        _merge_into(acc[s:e], acc_lse[s:e], o, lse.transpose(0, 1))
-    return acc
+        _merge_into(acc[:, s:e], acc_lse[:, s:e], o.transpose(0, 1), lse)
+    return acc, acc_lse

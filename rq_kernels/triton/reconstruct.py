@@ -5,23 +5,12 @@ dequantized in fp32 in the operation order of `sglang_rq.reference.decode` (``a 
 q_a``, ``r = m_r + s_r q_r``, ``x = c a + r``) and stored as bf16 in the rotated basis: the
 fused formats quantize anchor and residual in the same basis, so no matmul is needed. The
 launcher disables FMA contraction, so the result is bit-identical to the twin on the GPU too.
-
-``PLACE``: the rows are the concatenated prefixes of an extend batch and the workspace holds,
-per request, its prefix then its chunk (the layout FlashAttention's variable-length causal call
-reads): prefix row ``p`` (from ``kv_indptr[0]``) goes to ``p + sum(chunk lengths of requests
-whose prefix ends at or before p)``; program ``i`` also writes block ``i`` of the chunk's own
-K/V rows, rotated (``x R``, exact to fp32 on tensor cores, then bf16), row ``t`` to ``t +
-sum(prefix lengths of requests whose chunk starts at or before t)`` (the grid covers the longer
-of the two); program 0 writes the per-request key offsets (``cu_k[b] = qo_indptr[b] +
-kv_indptr[b] - kv_indptr[0]``).
 """
 
 import triton
 import triton.language as tl
 
-from rq_kernels.triton.common import (
-    load_scale_offset, load_rows, rotate_rows, to_bf16, unpack_codes,
-)
+from rq_kernels.triton.common import load_scale_offset, load_rows, to_bf16, unpack_codes
 
 
 @triton.jit
@@ -36,33 +25,18 @@ def _dequant(Cc, s_cc_r, Cso, s_cso_r, slot, n_mask, BITS: tl.constexpr, D: tl.c
 
 
 @triton.jit
-def _place_shift(rows, Ends, Lens, num_req, base):
-    """``sum(Lens[b] for b < num_req if Ends[b] - base <= rows)`` per row, int32."""
-    shift = tl.zeros(rows.shape, tl.int32)
-    for b in range(0, num_req):
-        end = tl.load(Ends + b) - base
-        length = tl.load(Lens + b + 1) - tl.load(Lens + b)
-        shift += tl.where(rows >= end, length, 0)
-    return shift
-
-
-@triton.jit
 def rq_reconstruct_kernel(
     Rows, n,  # [n] int64 pool rows
     Ac, s_ac_r, s_ac_kv, s_ac_h: tl.constexpr, Aso, s_aso_r, s_aso_kv, s_aso_h: tl.constexpr,
     Rc, s_rc_r, s_rc_kv, s_rc_h: tl.constexpr, Rso, s_rso_r, s_rso_kv, s_rso_h: tl.constexpr,
     Cf, s_cf_r, s_cf_kv, s_cf_h,
-    Rot, s_rterm, s_rhead, s_rrow, alpha,  # [TERMS, Hkv, DP, DP] bf16
-    Ok, Ov, s_ot, s_oh,  # [rows, Hkv, D] bf16 x2 (same strides)
-    QoIndptr, KvIndptr, num_req, Kc, Vc, s_ct, s_ch, num_chunk, CuK,  # PLACE only
+    Ok, Ov, s_ot, s_oh,  # [n, Hkv, D] bf16 x2 (same strides)
     D: tl.constexpr, DP: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr,
     A_BITS: tl.constexpr, R_BITS: tl.constexpr, HAS_COEF: tl.constexpr,
-    HAS_ROT: tl.constexpr, TERMS: tl.constexpr, PLACE: tl.constexpr,
     BLOCK_N: tl.constexpr, INTERP: tl.constexpr,
 ):
     hk = tl.program_id(1)
     kv = tl.program_id(2)
-    d = tl.arange(0, DP)
     offs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs < n
     slot = tl.load(Rows + offs, mask=n_mask, other=0)
@@ -75,34 +49,11 @@ def rq_reconstruct_kernel(
     if R_BITS > 0:
         x += _dequant(Rc + kv * s_rc_kv + hk * s_rc_h, s_rc_r, Rso + kv * s_rso_kv + hk * s_rso_h,
                       s_rso_r, slot, n_mask, R_BITS, D, NG, NGP, G, BLOCK_N)
-    dst = offs
-    if PLACE:
-        base = tl.load(KvIndptr)
-        dst += _place_shift(offs, KvIndptr + 1, QoIndptr, num_req, base)
+    d = tl.arange(0, DP)
+    offs_o = offs[:, None] * s_ot + hk * s_oh + d[None, :]
     m = n_mask[:, None] & (d[None, :] < D)
-    offs_o = dst[:, None].to(tl.int64) * s_ot + hk * s_oh + d[None, :]
     y = to_bf16(x, INTERP)
     if kv == 0:
         tl.store(Ok + offs_o, y, mask=m)
     else:
         tl.store(Ov + offs_o, y, mask=m)
-    if PLACE:  # this program's block of the chunk's own K/V rows, rotated
-        t = offs
-        dst = t + _place_shift(t, QoIndptr, KvIndptr, num_req, 0)
-        m = (t < num_chunk)[:, None] & (d[None, :] < D)
-        src = t[:, None].to(tl.int64) * s_ct + hk * s_ch + d[None, :]
-        if kv == 0:
-            xc = tl.load(Kc + src, mask=m, other=0.0)
-        else:
-            xc = tl.load(Vc + src, mask=m, other=0.0)
-        if HAS_ROT:
-            xc = to_bf16(rotate_rows(xc, Rot + hk * s_rhead, s_rterm, s_rrow, TERMS, False, False,
-                                     DP, INTERP) * alpha, INTERP)
-        out = dst[:, None].to(tl.int64) * s_ot + hk * s_oh + d[None, :]
-        if kv == 0:
-            tl.store(Ok + out, xc, mask=m)
-        else:
-            tl.store(Ov + out, xc, mask=m)
-        if tl.program_id(0) + hk + kv == 0:  # the key offsets of the variable-length call
-            for b in range(0, num_req + 1):
-                tl.store(CuK + b, tl.load(QoIndptr + b) + tl.load(KvIndptr + b) - base)

@@ -1,6 +1,5 @@
-"""The workspace extend path: `reconstruct_rows` and `fill_extend_workspace` vs their twins,
-and `extend_attention` (the workspace path) on more shapes and slab boundaries vs the fp32
-reference.
+"""The workspace extend path: `reconstruct_rows` vs its twin, and
+`extend_attention` (the workspace path) on more shapes and slab boundaries vs the fp32 reference.
 
 Tolerance policy
 ----------------
@@ -8,9 +7,6 @@ Tolerance policy
   Both dequantize in fp32 in the same order and round once to bf16 (nearest even); the launcher
   turns FMA contraction off, so this holds on the GPU too. The twin itself is checked against
   `dequantize_rows_reference` (un-rotated, it is the dequantized K/V up to one bf16 rounding).
-* The chunk rows of the workspace (``k R`` on tensor cores, exact to fp32, against an fp32
-  einsum): at most one bf16 ulp (2^-7 relative) plus 2^-16 of the row's largest magnitude, as
-  both round an fp32 value once; bit-identical without a rotation.
 * Attention: the flash-attn rule of test_extend.py (max and Frobenius error <= 2x those of
   the same dequantized K/V through bf16 SDPA, plus one bf16 ulp of max|ref| / 1e-3 ||ref||).
   On CPU the FlashAttention step is its fp32 maths twin (P rounded to bf16 as the flash kernel
@@ -26,7 +22,7 @@ from test_extend import GPU_CASES, _run
 
 import rq_kernels.extend as ew
 from rq_kernels.extend import extend_attention
-from rq_kernels.reconstruct import fill_extend_workspace, reconstruct_rows
+from rq_kernels.reconstruct import reconstruct_rows
 from sglang_rq.config import RQConfig
 from sglang_rq.reference import dequantize_rows_reference, reconstruct_rows_reference
 
@@ -81,50 +77,6 @@ def test_reconstruct_no_rows(device):
                             rot="cfg", device=device, seed=1)
     e = torch.empty(0, 1, 64, dtype=torch.bfloat16, device=device)
     assert reconstruct_rows(view, 0, idx, e, e.clone())[0] is e
-
-
-@pytest.mark.parametrize("rot", ["cfg", "none"])
-def test_fill_extend_workspace_layout(rot, device):
-    """Request after request, its prefix (as the reconstruct twin) then its chunk's own K/V
-    times R, and the key offsets: empty prefixes and chunks, indices starting past 0."""
-    cfg = RQConfig() if rot == "cfg" else RQConfig(rotation="none")
-    prefix, chunks = [3, 0, 17, 5, 0], [4, 2, 0, 1, 19]
-    view, _, idx, _ = build(cfg, loops=4, num_kv_heads=2, group=1, dim=64, lens=[7] + prefix,
-                            rot="cfg", device=device, seed=9)
-    kp = [7]
-    for n in prefix:
-        kp.append(kp[-1] + n)
-    qp = [0]
-    for n in chunks:
-        qp.append(qp[-1] + n)
-    T, npre = qp[-1], kp[-1] - kp[0]
-    gen = torch.Generator().manual_seed(9)
-    kc, vc = (torch.randn(T, 2, 64, generator=gen).to(torch.bfloat16).to(device) for _ in "kv")
-    i32 = dict(dtype=torch.int32, device=device)
-    for loop in (0, 3):
-        ws = torch.full((2, npre + T, 2, 64), float("nan"), dtype=torch.bfloat16, device=device)
-        cu_k = torch.full((len(qp),), -1, **i32)
-        fill_extend_workspace(view, loop, idx[kp[0]:kp[-1]], torch.tensor(kp, **i32),
-                              torch.tensor(qp, **i32), kc, vc, ws[0], ws[1], cu_k)
-        rk = torch.empty(npre, 2, 64, dtype=torch.bfloat16, device=device)
-        rv = torch.empty_like(rk)
-        reconstruct_rows_reference(view, loop, idx[kp[0]:kp[-1]], rk, rv)
-        row = 0
-        for b in range(len(chunks)):
-            p0, p1 = kp[b] - kp[0], kp[b + 1] - kp[0]
-            c0 = row + p1 - p0
-            for got, want, cur in ((ws[0], rk, kc), (ws[1], rv, vc)):
-                assert torch.equal(got[row:c0], want[p0:p1]), f"loop {loop} request {b} prefix"
-                g = got[c0:c0 + chunks[b]].float()
-                w = cur[qp[b]:qp[b + 1]].float()
-                if view.rotation is None:
-                    assert torch.equal(g, w), f"loop {loop} request {b} chunk"
-                    continue
-                w = torch.einsum("nhd,hde->nhe", w, view.rotation.float()).bfloat16().float()
-                tol = 2.0 ** -7 * w.abs() + 2.0 ** -16 * w.abs().amax(-1, keepdim=True)
-                assert ((g - w).abs() <= tol).all(), f"loop {loop} request {b} chunk"
-            row = c0 + chunks[b]
-        assert cu_k.tolist() == [a + b - kp[0] for a, b in zip(qp, kp)]
 
 
 # name, cfg, loops, num_kv_heads, group, head_dim, prefix lens, chunk lens, rotation, loop ids

@@ -1,6 +1,6 @@
-"""Rows rotated per KV head, ``x R`` or ``x R^T`` (``@triton.jit`` only): the query (fp32 for the
-tensor-core CUDA decode split kernel, bf16 for the workspace extend), and in the workspace
-extend the chunk's own K/V and the attention output back to the original basis."""
+"""The rotated query ``q R`` (``@triton.jit`` only): fp32 ``[B, Hq, D]`` for the tensor-core CUDA
+decode split kernel, bf16 with each KV head's query heads on the row axis for the workspace
+extend's FlashAttention call over the prefix."""
 
 import triton
 import triton.language as tl
@@ -9,25 +9,23 @@ from rq_kernels.triton.common import gqa_rows, rotate_rows, to_bf16
 
 
 @triton.jit(do_not_specialize=["batch_rows"])  # the row count varies per call (extend chunks)
-def rq_rotate_rows_kernel(
-    Q, s_qb, s_qh,  # [B, Hq, D] bf16 (fp32 with SPLIT_X)
+def rq_rotate_query_kernel(
+    Q, s_qb, s_qh,  # [B, Hq, D] bf16
     Rot, s_rterm, s_rhead, s_rrow, alpha,  # [TERMS, Hkv, DP, DP] bf16 (or a dummy)
     Out, s_ob, s_ok, s_og,  # row (b, KV head hk, g) at b * s_ob + hk * s_ok + g * s_og; fp32/bf16
     batch_rows,  # B * GQ
     GQ: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, HAS_ROT: tl.constexpr,
-    TERMS: tl.constexpr, INVERSE: tl.constexpr, SPLIT_X: tl.constexpr, BLOCK_M: tl.constexpr,
-    INTERP: tl.constexpr,
+    TERMS: tl.constexpr, BLOCK_M: tl.constexpr, INTERP: tl.constexpr,
 ):
-    """Grid ``(num_kv_heads, cdiv(B * GQ, BLOCK_M))``: rows ``(b, head of this KV head)``;
-    ``Out = q R`` (``INVERSE``: ``q R^T``) exactly to fp32 for a bf16 ``q`` (the rotation's bf16
-    terms on tensor cores; an fp32 ``q`` is split into bf16 hi + lo, ~2^-17), rounded to
-    nearest even when ``Out`` is bf16."""
+    """Grid ``(num_kv_heads, cdiv(B * GQ, BLOCK_M))``: rows ``(b, query head of this KV
+    head)``; ``Out = q R`` exactly to fp32 (the rotation's bf16 terms on tensor cores), rounded
+    to nearest even when ``Out`` is bf16."""
     hk, r_mask, b, hq = gqa_rows(batch_rows, GQ, BLOCK_M, 1)
     d = tl.arange(0, DP)
     dm = r_mask[:, None] & (d[None, :] < D)
     q = tl.load(Q + b[:, None] * s_qb + hq[:, None] * s_qh + d[None, :], mask=dm, other=0.0)
     if HAS_ROT:
-        q = rotate_rows(q, Rot + hk * s_rhead, s_rterm, s_rrow, TERMS, INVERSE, SPLIT_X, DP,
+        q = rotate_rows(q, Rot + hk * s_rhead, s_rterm, s_rrow, TERMS, False, False, DP,
                         INTERP) * alpha
     else:
         q = q.to(tl.float32)
