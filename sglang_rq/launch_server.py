@@ -13,6 +13,7 @@ unless set (a disconnected client is noticed within 1 s instead of 4 s).
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
@@ -123,11 +124,13 @@ def _flag_value(argv: list[str], *flags: str) -> str | None:
 
 
 def check_local_model_path(model_path: str | None) -> None:
-    """Refuse a ``--model-path`` that names a local directory which does not exist (SGLang
-    would take it for a hub repo id and fail inside transformers with a chained traceback).
+    """Refuse a ``--model-path`` that names a local directory which does not exist, or an
+    existing directory without ``config.json`` (SGLang would take the first for a hub repo id
+    and fail inside transformers with a chained traceback, and fail on the second with a
+    traceback too).
 
-    A value is local when it is absolute, starts with ``.`` or ``~``, or has more than the one
-    ``/`` of a hub id ``org/name``.
+    A value is local when it is an existing directory, is absolute, starts with ``.`` or ``~``,
+    or has more than the one ``/`` of a hub id ``org/name``.
 
     Raises
     ------
@@ -136,11 +139,56 @@ def check_local_model_path(model_path: str | None) -> None:
     """
     if not model_path:
         return
-    local = (os.path.isabs(model_path) or model_path.startswith((".", "~"))
-             or model_path.count("/") > 1)
-    if local and not Path(model_path).expanduser().is_dir():
+    path = Path(model_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise RQConfigError(f"--model-path={model_path}: the directory has no config.json "
+                                "(give a Hugging Face checkpoint directory: config.json, the "
+                                "tokenizer and the weights)")
+        return
+    if os.path.isabs(model_path) or model_path.startswith((".", "~")) or model_path.count("/") > 1:
         raise RQConfigError(f"--model-path={model_path}: no such directory (give a checkpoint "
                             "directory holding config.json, or a hub repo id 'org/name')")
+
+
+class _RefusingParser(argparse.ArgumentParser):
+    """An argparse parser whose errors raise `RQConfigError` instead of printing the usage."""
+
+    def error(self, message: str):
+        raise RQConfigError(message)
+
+
+def check_sglang_flags(argv: list[str]) -> None:
+    """Parse the SGLang argv with SGLang 0.5.23's own flags first (after `load_plugins`, which
+    adds our backends to ``--attention-backend``'s choices), so that a mistyped or malformed
+    flag is one line naming it (with the closest flags) instead of SGLang's ~500-line usage. A
+    ``--config`` file is left to SGLang, which merges it first.
+
+    Raises
+    ------
+    sglang_rq.config.RQConfigError
+        Naming the flag argparse refused, and for an unknown flag the closest known ones.
+    """
+    if _has_flag(argv, "--config"):
+        return
+    from sglang.srt.server_args import ServerArgs
+
+    parser = _RefusingParser(prog="sglang-rq serve", add_help=False)
+    ServerArgs.add_cli_args(parser)
+    try:
+        parser.parse_args(argv)
+    except RQConfigError as exc:
+        known = [*parser._option_string_actions]
+        ours = argparse.ArgumentParser(add_help=False)
+        add_cli_args(ours)
+        add_serving_args(ours)
+        known += [*ours._option_string_actions]
+        unknown = [a.split("=", 1)[0] for a in argv
+                   if a.startswith("--") and a.split("=", 1)[0] not in known]
+        hints = sorted({m for a in unknown for m in difflib.get_close_matches(a, known, n=2)})
+        hint = f"; did you mean {' or '.join(hints)}?" if hints else ""
+        raise RQConfigError(f"{exc}{hint} (`sglang-rq serve --help` lists the --rq-* flags, "
+                            "`python -m sglang.launch_server --help` SGLang's)") from None
 
 
 def refuse_cpu_tensor_parallel(argv: list[str]) -> None:
@@ -364,6 +412,7 @@ def main(argv: list[str] | None = None) -> None:
     from sglang.srt.plugins import load_plugins
 
     load_plugins()  # registers our backends' names before SGLang parses --attention-backend
+    check_sglang_flags(sglang_argv)
     from sglang.launch_server import run_server
     from sglang.srt.server_args import prepare_server_args
 

@@ -51,6 +51,7 @@ class _Runtime:
     shape: Any = None
     staging_tokens: int = 0
     kernels: Any = None  # dispatch.KernelRequest
+    cell_line: tuple = ()  # the cell-size log line's numbers, last logged
 
 
 def register() -> None:
@@ -192,9 +193,12 @@ def _cell_size_hook(original, self, kvc, num_layers):
     _Runtime.staging_tokens = staging_tokens_for(kvc.server_args)
     _Runtime.kernels = kernel_request_for(kvc.server_args, kvc.model_config)
     cell = kv_bytes_per_token(shape, _Runtime.cfg)
-    logger.info("sglang-rq: cell size %d B/token (stock would be %d), staging %d tokens = %d B",
-                cell, original(self, kvc, num_layers), _Runtime.staging_tokens,
-                staging_bytes(shape, _Runtime.cfg, staging_tokens=_Runtime.staging_tokens))
+    line = (cell, original(self, kvc, num_layers), _Runtime.staging_tokens,
+            staging_bytes(shape, _Runtime.cfg, staging_tokens=_Runtime.staging_tokens))
+    if line != _Runtime.cell_line:  # SGLang sizes the pool more than once: log it once
+        _Runtime.cell_line = line
+        logger.info("sglang-rq: cell size %d B/token (stock would be %d), staging %d tokens = "
+                    "%d B", *line)
     return cell
 
 

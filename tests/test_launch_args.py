@@ -72,7 +72,9 @@ def test_missing_local_model_path_is_refused_before_sglang(clean_env, tmp_path):
     for bad in (str(tmp_path / "missing"), "./missing-model", "a/b/c"):
         with pytest.raises(RQConfigError, match=f"--model-path={bad}: no such directory"):
             prepare_environment(["--model-path", bad])
-    prepare_environment(["--model-path", str(tmp_path)])  # an existing directory passes
+    from sglang_rq.models.embedded import EMBEDDED_MODEL
+
+    prepare_environment(["--model-path", str(EMBEDDED_MODEL)])  # a checkpoint directory passes
     prepare_environment(["--model-path", "org/name"])  # a hub id is SGLang's to resolve
 
 
@@ -132,3 +134,32 @@ def test_taken_port_is_refused_with_the_flag_named():
         assert why == (f"--port={port}: 127.0.0.1:{port} is already in use (another server "
                        "listening there?); stop it or pass a free --port")
     assert port_in_use_reason("127.0.0.1", port) is None  # free again once closed
+
+
+def test_model_directory_without_config_is_refused(clean_env, tmp_path):
+    """Found by a fresh-clone check: an existing directory without config.json reached
+    SGLang, which failed with a traceback."""
+    from sglang_rq.config import RQConfigError
+
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    for given in (str(empty), f"{empty}/"):
+        with pytest.raises(RQConfigError, match=f"--model-path={given}: the directory has no "
+                                                "config.json"):
+            prepare_environment(["--model-path", given])
+
+
+def test_mistyped_flag_is_one_line_with_the_closest_flags():
+    """Found by a fresh-clone check: a mistyped flag printed SGLang's ~500-line usage before
+    the line that named it."""
+    from sglang_rq.config import RQConfigError
+    from sglang_rq.launch_server import check_sglang_flags
+
+    with pytest.raises(RQConfigError) as e:
+        check_sglang_flags(["--model-path", "x", "--tp-sise", "2", "--rq-anchor-bitz=2"])
+    msg = str(e.value)
+    assert msg.startswith("unrecognized arguments: --tp-sise 2 --rq-anchor-bitz=2; did you mean ")
+    assert "--tp-size" in msg and "--rq-anchor-bits" in msg and "\n" not in msg
+    with pytest.raises(RQConfigError, match="argument --port: invalid int value: 'x'"):
+        check_sglang_flags(["--port", "x"])
+    check_sglang_flags(["--model-path", "x", "--tp-size", "2", "--port", "30001"])  # accepted
