@@ -64,6 +64,16 @@ def reconstruct_bytes(view, loop_id: int, n: int) -> int:
     return n * 2 * hkv * (per + 2 * view.head_dim)
 
 
+def batch_tensors(hq: int, hkv: int, dim: int, qp: list[int], kp: list[int]) -> tuple:
+    """A batch's random queries and chunk K (also used as V), indptrs, prefix rows (pool rows
+    from 1) and output: ``(q, k_cur, qo_indptr, kv_indptr, kv_indices, out)``."""
+    q = torch.randn(qp[-1], hq, dim, device=DEV, dtype=torch.bfloat16)
+    kc = torch.randn(qp[-1], hkv, dim, device=DEV, dtype=torch.bfloat16)
+    qo = torch.tensor(qp, dtype=torch.int32, device=DEV)
+    kvi = torch.tensor(kp, dtype=torch.int32, device=DEV)
+    return q, kc, qo, kvi, torch.arange(kp[-1], device=DEV) + 1, torch.empty_like(q)
+
+
 def mixed(dry_run: bool) -> dict:
     """The mixed-batch row (module docstring), loop 0 (anchor + residual)."""
     hq, hkv, dim = FAMILIES["ouro-1.4b"]
@@ -71,13 +81,7 @@ def mixed(dry_run: bool) -> dict:
     view = pool(RQConfig(), hkv, dim, prefix + ndec * ctx + 2)
     qp = [0, chunk] + [chunk + i + 1 for i in range(ndec)]
     kp = [0, prefix] + [prefix + (i + 1) * ctx for i in range(ndec)]
-    T = qp[-1]
-    q = torch.randn(T, hq, dim, device=DEV, dtype=torch.bfloat16)
-    kc = torch.randn(T, hkv, dim, device=DEV, dtype=torch.bfloat16)
-    qo = torch.tensor(qp, dtype=torch.int32, device=DEV)
-    kvi = torch.tensor(kp, dtype=torch.int32, device=DEV)
-    idx = torch.arange(kp[-1], device=DEV) + 1
-    out = torch.empty_like(q)
+    q, kc, qo, kvi, idx, out = batch_tensors(hq, hkv, dim, qp, kp)
     scale = dim ** -0.5
     ours = bench(lambda: extend_attention(q, kc, kc, view, 0, qo, kvi, idx, sm_scale=scale,
                                           out=out, host_indptrs=(qp, kp)))
@@ -115,13 +119,7 @@ def batched(dry_run: bool) -> list[dict]:
         loops = len(view.segments)
         qp = [i * chunk for i in range(nreq + 1)]
         kp = [i * prefix for i in range(nreq + 1)]
-        T = qp[-1]
-        q = torch.randn(T, hq, dim, device=DEV, dtype=torch.bfloat16)
-        kc = torch.randn(T, hkv, dim, device=DEV, dtype=torch.bfloat16)
-        qo = torch.tensor(qp, dtype=torch.int32, device=DEV)
-        kvi = torch.tensor(kp, dtype=torch.int32, device=DEV)
-        idx = torch.arange(kp[-1], device=DEV) + 1
-        out = torch.empty_like(q)
+        q, kc, qo, kvi, idx, out = batch_tensors(hq, hkv, dim, qp, kp)
         scale = dim ** -0.5
         row = dict(requests=nreq, chunk=chunk, prefix=prefix)
         for name, timer in (("eager", eager_ms), ("graph", bench)):
