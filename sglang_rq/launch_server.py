@@ -39,21 +39,55 @@ def has_cuda() -> bool:
 def add_serving_args(parser: argparse.ArgumentParser) -> None:
     """Serving options of sglang-rq that are not part of the KV format."""
     g = parser.add_argument_group("sglang-rq serving")
-    g.add_argument("--rq-kv-budget-gb", type=float, default=0.0,
+    g.add_argument("--rq-kv-budget-gb", type=float, default=None,
                    help="Byte budget of the KV cache in GiB (default: SGLang's profiling). "
                         "Capacity = budget // bytes per token.")
-    g.add_argument("--rq-staging-tokens", type=int, default=0,
+    g.add_argument("--rq-staging-tokens", type=int, default=None,
                    help="Tokens per forward held by the BF16 staging buffer (default: derived from "
                         "--chunked-prefill-size and --max-running-requests).")
     g.add_argument("--rq-canary-file", default="", help="Readiness canary spec JSON "
                    "(default <model-path>/canary.json; see sglang_rq/canary.py).")
-    g.add_argument("--rq-canary-interval-s", type=float, default=0.0,
+    g.add_argument("--rq-canary-interval-s", type=float, default=None,
                    help="Seconds between canary runs (default 30).")
     g.add_argument("--rq-no-canary", action="store_true", help="No /rq/ready canary thread.")
-    g.add_argument("--rq-recurrences", type=int, default=0,
+    g.add_argument("--rq-recurrences", type=int, default=None,
                    help="Recurrences of a Huginn (recurrent-depth) model's core for every request "
                         "(default: the config's mean_recurrence). Sets SGLang's "
                         "--json-model-override-args mean_recurrence.")
+
+
+def check_serving_values(ours: argparse.Namespace) -> None:
+    """Refuse a serving flag's value that would otherwise be ignored or misread: a KV budget,
+    staging size, canary interval or recurrence count given as zero or below, or a KV budget
+    above this machine's memory (CUDA: device 0's; CPU: physical RAM). The exact room left for
+    the KV cache is only known once the weights are loaded (the scheduler's check).
+
+    Raises
+    ------
+    sglang_rq.config.RQConfigError
+        Naming the flag and the value.
+    """
+    for flag, value in (("--rq-kv-budget-gb", ours.rq_kv_budget_gb),
+                        ("--rq-staging-tokens", ours.rq_staging_tokens),
+                        ("--rq-canary-interval-s", ours.rq_canary_interval_s),
+                        ("--rq-recurrences", ours.rq_recurrences)):
+        if value is not None and value <= 0:
+            raise RQConfigError(f"{flag}={value} must be > 0 (leave the flag out for its "
+                                "default)")
+    if ours.rq_kv_budget_gb is not None:
+        total, where = _memory_bytes()
+        if ours.rq_kv_budget_gb * 2**30 > total:
+            raise RQConfigError(f"--rq-kv-budget-gb={ours.rq_kv_budget_gb} exceeds {where}'s "
+                                f"{total / 2**30:.1f} GiB")
+
+
+def _memory_bytes() -> tuple[int, str]:
+    """This machine's memory for the KV cache's device: (bytes, name)."""
+    if has_cuda():
+        import torch
+
+        return torch.cuda.get_device_properties(0).total_memory, "CUDA device 0"
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this host's RAM"
 
 
 def _has_flag(argv: list[str], flag: str) -> bool:
@@ -159,8 +193,9 @@ class _RefusingParser(argparse.ArgumentParser):
 
 
 def check_sglang_flags(argv: list[str]) -> None:
-    """Parse the SGLang argv with SGLang 0.5.23's own flags first (after `load_plugins`, which
-    adds our backends to ``--attention-backend``'s choices), so that a mistyped or malformed
+    """Parse the SGLang argv with SGLang 0.5.23's own flags first (after
+    `sglang_rq.plugin.register_backends`, which adds ours to ``--attention-backend``'s
+    choices), so that a mistyped or malformed
     flag is one line naming it (with the closest flags) instead of SGLang's ~500-line usage. A
     ``--config`` file is left to SGLang, which merges it first.
 
@@ -280,10 +315,11 @@ def prepare_environment(argv: list[str]) -> list[str]:
     sglang_rq.config.RQConfigError
         On an invalid KV-format flag (before any model is loaded).
     """
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = _RefusingParser(prog="sglang-rq serve", add_help=False)
     add_cli_args(parser)
     add_serving_args(parser)
     ours, rest = parser.parse_known_args(argv)
+    check_serving_values(ours)
     cfg = RQConfig.from_args(ours)
     env.RQ_CONFIG.set(cfg.to_json())
     env.RQ_KV_BUDGET_GB.set(ours.rq_kv_budget_gb or None)
@@ -296,7 +332,7 @@ def prepare_environment(argv: list[str]) -> list[str]:
     if not _has_flag(rest, "--model-path") and not _has_flag(rest, "--model"):
         rest += ["--model-path", str(EMBEDDED_MODEL)]
     check_local_model_path(_flag_value(rest, "--model-path", "--model"))
-    if ours.rq_recurrences:
+    if ours.rq_recurrences is not None:
         rest = with_recurrences(rest, ours.rq_recurrences)
     # NOTE: SGLang 0.5.23 notices a vanished HTTP client only when its per-request wait times
     # out (this variable, default 4 s), then drops a chunked prefill at the next chunk boundary;
@@ -409,10 +445,13 @@ def main(argv: list[str] | None = None) -> None:
         print("\nAll other flags are SGLang's: see `python -m sglang.launch_server --help`.")
         return
     sglang_argv = prepare_environment(argv)
+    from sglang_rq.plugin import register_backends
+
+    register_backends()  # our backends' names are --attention-backend choices
+    check_sglang_flags(sglang_argv)  # before load_plugins imports every SGLang model
     from sglang.srt.plugins import load_plugins
 
-    load_plugins()  # registers our backends' names before SGLang parses --attention-backend
-    check_sglang_flags(sglang_argv)
+    load_plugins()
     from sglang.launch_server import run_server
     from sglang.srt.server_args import prepare_server_args
 

@@ -163,3 +163,37 @@ def test_mistyped_flag_is_one_line_with_the_closest_flags():
     with pytest.raises(RQConfigError, match="argument --port: invalid int value: 'x'"):
         check_sglang_flags(["--port", "x"])
     check_sglang_flags(["--model-path", "x", "--tp-size", "2", "--port", "30001"])  # accepted
+
+
+@pytest.mark.parametrize("flag,value", [("--rq-kv-budget-gb", "-1"), ("--rq-kv-budget-gb", "0"),
+                                        ("--rq-staging-tokens", "0"),
+                                        ("--rq-canary-interval-s", "-5"),
+                                        ("--rq-recurrences", "0")])
+def test_serving_values_below_one_are_refused(clean_env, flag, value):
+    """Found by a fresh-clone check: a negative KV budget started a server sized by SGLang's
+    RAM profiling (18.7 GB on a 23 GB host), and a zero staging size or recurrence count was
+    silently replaced by the default."""
+    from sglang_rq.config import RQConfigError
+
+    shown = float(value) if flag in ("--rq-kv-budget-gb", "--rq-canary-interval-s") else value
+    with pytest.raises(RQConfigError, match=f"{flag}={shown} must be > 0"):
+        prepare_environment([flag, value])
+
+
+def test_kv_budget_above_the_machine_is_refused(clean_env):
+    from sglang_rq.config import RQConfigError
+
+    with pytest.raises(RQConfigError, match=r"--rq-kv-budget-gb=100000.0 exceeds .* GiB"):
+        prepare_environment(["--rq-kv-budget-gb", "100000"])
+    prepare_environment(["--rq-kv-budget-gb", "0.5"])  # within any machine's memory
+
+
+def test_malformed_rq_flag_is_one_line(clean_env):
+    """Found by a fresh-clone check: argparse's own errors for our flags printed a 14-line
+    usage headed by the wrong program name."""
+    from sglang_rq.config import RQConfigError
+
+    with pytest.raises(RQConfigError, match="argument --rq-anchor: invalid choice: 'middle'"):
+        prepare_environment(["--rq-anchor", "middle"])
+    with pytest.raises(RQConfigError, match="argument --rq-residual-bits: invalid int value"):
+        prepare_environment(["--rq-residual-bits", "abc"])
