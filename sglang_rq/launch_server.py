@@ -56,6 +56,13 @@ def add_serving_args(parser: argparse.ArgumentParser) -> None:
                         "--json-model-override-args mean_recurrence.")
 
 
+def rq_flags_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``parser`` with our flags added: the KV format's (`add_cli_args`) and serving's."""
+    add_cli_args(parser)
+    add_serving_args(parser)
+    return parser
+
+
 def check_serving_values(ours: argparse.Namespace) -> None:
     """Refuse a serving flag's value that would otherwise be ignored or misread: a KV budget,
     staging size, canary interval or recurrence count given as zero or below, or a KV budget
@@ -213,11 +220,8 @@ def check_sglang_flags(argv: list[str]) -> None:
     try:
         parser.parse_args(argv)
     except RQConfigError as exc:
-        known = [*parser._option_string_actions]
-        ours = argparse.ArgumentParser(add_help=False)
-        add_cli_args(ours)
-        add_serving_args(ours)
-        known += [*ours._option_string_actions]
+        known = [*parser._option_string_actions,
+                 *rq_flags_parser(argparse.ArgumentParser(add_help=False))._option_string_actions]
         unknown = [a.split("=", 1)[0] for a in argv
                    if a.startswith("--") and a.split("=", 1)[0] not in known]
         hints = sorted({m for a in unknown for m in difflib.get_close_matches(a, known, n=2)})
@@ -315,15 +319,13 @@ def prepare_environment(argv: list[str]) -> list[str]:
     sglang_rq.config.RQConfigError
         On an invalid KV-format flag (before any model is loaded).
     """
-    parser = _RefusingParser(prog="sglang-rq serve", add_help=False)
-    add_cli_args(parser)
-    add_serving_args(parser)
+    parser = rq_flags_parser(_RefusingParser(prog="sglang-rq serve", add_help=False))
     ours, rest = parser.parse_known_args(argv)
     check_serving_values(ours)
     cfg = RQConfig.from_args(ours)
     env.RQ_CONFIG.set(cfg.to_json())
-    env.RQ_KV_BUDGET_GB.set(ours.rq_kv_budget_gb or None)
-    env.RQ_STAGING_TOKENS.set(ours.rq_staging_tokens or None)
+    env.RQ_KV_BUDGET_GB.set(ours.rq_kv_budget_gb)  # None or > 0 (check_serving_values)
+    env.RQ_STAGING_TOKENS.set(ours.rq_staging_tokens)
     for var, value in ((env.RQ_CANARY_FILE, ours.rq_canary_file),
                        (env.RQ_CANARY_INTERVAL_S, ours.rq_canary_interval_s),
                        (env.RQ_CANARY, "0" if ours.rq_no_canary else "")):
@@ -437,11 +439,9 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of ``sglang-rq serve`` and ``python -m sglang_rq.launch_server``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
-        parser = argparse.ArgumentParser(prog="sglang-rq serve", description=__doc__,
-                                         formatter_class=argparse.RawDescriptionHelpFormatter)
-        add_cli_args(parser)
-        add_serving_args(parser)
-        parser.print_help()
+        rq_flags_parser(argparse.ArgumentParser(
+            prog="sglang-rq serve", description=__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter)).print_help()
         print("\nAll other flags are SGLang's: see `python -m sglang.launch_server --help`.")
         return
     sglang_argv = prepare_environment(argv)
