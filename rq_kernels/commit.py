@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rq_kernels._host import (
-    cdiv, check_view, interpreting, next_pow2, require_kernel, rotation_args, strides3,
+    cdiv, check_view, interpreting, launch_kernel, next_pow2, require_kernel, rotation_args, strides3,
     unsupported_reason,
 )
 from rq_kernels.triton.commit import rq_commit_kernel
@@ -125,15 +125,13 @@ def commit(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tensor], loc
     grid = (cdiv(T, block_t), H, 2 * L if per_loop else 2)
     interp = interpreting(rq_commit_kernel)
     s_kv = sum(((k.stride(0), k.stride(1), v.stride(0), v.stride(1)) for k, v in zip(ks, vs)), ())
-    rq_commit_kernel[grid](
-        ks, vs, s_kv, loc, T, codes, s_codes, scale_offset, s_scale_offset, coef, s_coef,
-        *rot,
-        NUM_LOOPS=L, GROUP_LEN=glen, ANCHOR_POS=0 if cfg.anchor == "first" else glen - 1,
-        BITS=tuple(s.bits for s in view.segments), LSQ=cfg.lsq,
-        HAS_ROT=view.rotation is not None, TERMS=nterms, D=D, DP=dp, G=cfg.group_size,
-        NG=D // cfg.group_size, NGP=dp // cfg.group_size, BLOCK_T=block_t,
-        HOIST_R=nterms == 1, PER_LOOP=per_loop, INTERP=interp,
-        num_warps=launch.num_warps or chosen.num_warps,
-        enable_fp_fusion=False,
-    )
+    launch_kernel(
+        rq_commit_kernel, grid,
+        (ks, vs, s_kv, loc, T, codes, s_codes, scale_offset, s_scale_offset, coef, s_coef, *rot),
+        dict(NUM_LOOPS=L, GROUP_LEN=glen, ANCHOR_POS=0 if cfg.anchor == "first" else glen - 1,
+             BITS=tuple(s.bits for s in view.segments), LSQ=cfg.lsq,
+             HAS_ROT=view.rotation is not None, TERMS=nterms, D=D, DP=dp, G=cfg.group_size,
+             NG=D // cfg.group_size, NGP=dp // cfg.group_size, BLOCK_T=block_t,
+             HOIST_R=nterms == 1, PER_LOOP=per_loop, INTERP=interp),
+        num_warps=launch.num_warps or chosen.num_warps, enable_fp_fusion=False)
 

@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from rq_kernels._host import (
-    cdiv, check_extend_args, interpreting, next_pow2, require_kernel, rotation_args,
-    unsupported_reason,
+    cdiv, check_extend_args, interpreting, launch_kernel, next_pow2, require_kernel,
+    rotation_args, unsupported_reason,
 )
 from rq_kernels.decode import decode_attention
 from rq_kernels.reconstruct import reconstruct_rows
@@ -200,9 +200,13 @@ def extend_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
                          kv_indptr[b0:] - kp[b0], kv_indices[kp[b0]:kp[B]], sm_scale=sm_scale,
                          out=out[r0:])
     # the chunk requests [0, b0) (none when b0 == 0: it returns at once)
-    res = _workspace_extend(q[:r0], k_cur[:r0], v_cur[:r0], view, loop_id, qo_indptr[:b0 + 1],
-                            kv_indptr[:b0 + 1], qp[:b0 + 1], kp[:b0 + 1], kv_indices, sm_scale,
-                            out[:r0], out_given=given or b0 < B or r0 < q.shape[0])
+    if b0 == B and r0 == q.shape[0]:  # no decode rows, no padding: nothing to slice
+        res = _workspace_extend(q, k_cur, v_cur, view, loop_id, qo_indptr, kv_indptr, qp, kp,
+                                kv_indices, sm_scale, out, out_given=given)
+    else:
+        res = _workspace_extend(q[:r0], k_cur[:r0], v_cur[:r0], view, loop_id,
+                                qo_indptr[:b0 + 1], kv_indptr[:b0 + 1], qp[:b0 + 1],
+                                kp[:b0 + 1], kv_indices, sm_scale, out[:r0], out_given=True)
     return out if res is None else res
 
 
@@ -235,12 +239,12 @@ def _workspace_extend(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
                                    sm_scale, rot, nterms)
     assert o_p.stride(-1) == o_c.stride(-1) == out.stride(-1) == 1, "rows must be contiguous"
     block_m = 64
-    rq_extend_merge_kernel[(HKV, cdiv(T * GQ, block_m))](
+    launch_kernel(rq_extend_merge_kernel, (HKV, cdiv(T * GQ, block_m)), (
         o_p, o_p.stride(0), o_p.stride(1), lse_p, lse_p.stride(0), lse_p.stride(1),
         o_c, o_c.stride(0), o_c.stride(1), lse_c, lse_c.stride(0), lse_c.stride(1),
-        *rot, out, out.stride(0), out.stride(1), T * GQ,
+        *rot, out, out.stride(0), out.stride(1), T * GQ), dict(
         GQ=GQ, D=D, DP=next_pow2(D), HAS_ROT=view.rotation is not None, TERMS=nterms,
-        BLOCK_M=block_m, INTERP=interpreting(rq_extend_merge_kernel), num_warps=4)
+        BLOCK_M=block_m, INTERP=interpreting(rq_extend_merge_kernel)), num_warps=4)
     return None
 
 
@@ -259,10 +263,10 @@ def _prefix_attention(q: torch.Tensor, view: CompressedLayerView, loop_id: int,
     dp = next_pow2(D)
     # q' = q R with the GQ query heads of a KV head on the row axis (row t * GQ + g), bf16
     qh = torch.empty(HKV, T * GQ, D, dtype=torch.bfloat16, device=q.device)
-    rq_rotate_query_kernel[(HKV, cdiv(T * GQ, 64))](
-        q, q.stride(0), q.stride(1), *rot, qh, GQ * D, T * GQ * D, D,
-        T * GQ, GQ=GQ, D=D, DP=dp, HAS_ROT=view.rotation is not None, TERMS=nterms,
-        BLOCK_M=64, INTERP=interpreting(rq_rotate_query_kernel), num_warps=4)
+    launch_kernel(rq_rotate_query_kernel, (HKV, cdiv(T * GQ, 64)), (
+        q, q.stride(0), q.stride(1), *rot, qh, GQ * D, T * GQ * D, D, T * GQ), dict(
+        GQ=GQ, D=D, DP=dp, HAS_ROT=view.rotation is not None, TERMS=nterms, BLOCK_M=64,
+        INTERP=interpreting(rq_rotate_query_kernel)), num_warps=4)
     qx = qh.transpose(0, 1)  # [T*GQ, Hkv, D]: request b's rows are qp[b]*GQ:qp[b+1]*GQ
     B = len(qp) - 1
     slab = min(WORKSPACE_TOKENS, kp[-1] - kp[0])

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from rq_kernels._host import (
-    attention_loop_args, cdiv, check_view, interpreting, require_kernel, unsupported_reason,
+    attention_loop_args, cdiv, check_view, interpreting, launch_kernel, require_kernel,
+    unsupported_reason,
 )
 from rq_kernels.triton.reconstruct import rq_reconstruct_kernel
 
@@ -68,9 +69,9 @@ def reconstruct_rows(view: CompressedLayerView, loop_id: int, rows: torch.Tensor
         return out_k, out_v
     args, c = attention_loop_args(view, loop_id)
     grid = (cdiv(n, BLOCK_N), hkv, 2)
-    rq_reconstruct_kernel[grid](
-        rows, n, *args, out_k, out_v, out_k.stride(0), out_k.stride(1), BLOCK_N=BLOCK_N,
-        INTERP=interpreting(rq_reconstruct_kernel), num_warps=NUM_WARPS,
-        enable_fp_fusion=False, **c)
+    launch_kernel(rq_reconstruct_kernel, grid,
+           (rows, n, *args, out_k, out_v, out_k.stride(0), out_k.stride(1)),
+           dict(c, BLOCK_N=BLOCK_N, INTERP=interpreting(rq_reconstruct_kernel)),
+           num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out_k, out_v
 

@@ -72,6 +72,25 @@ def test_reconstruct_matches_twin(name, cfg, loops, hkv, dim, rot, head_major, d
     _check_reconstruct(cfg, loops, hkv, dim, rot, head_major, [1, 17, 97], device, seed=61)
 
 
+def test_reconstruct_output_alignment(device):
+    """Outputs 16-byte aligned, then 2 bytes off, then aligned again: Triton compiles a variant per
+    alignment, and `rq_kernels._host.launch_kernel` (which skips the JIT's binding on later
+    launches) must pick the matching one each time (bit-identical to the twin)."""
+    view, _, idx, _ = build(RQConfig(), loops=2, num_kv_heads=2, group=1, dim=64, lens=[5, 40],
+                            rot="cfg", device=device, seed=7)
+    n, size = idx.shape[0], idx.shape[0] * 2 * 64
+    rk = torch.empty(n, 2, 64, dtype=torch.bfloat16, device=device)
+    rv = torch.empty_like(rk)
+    reconstruct_rows_reference(view, 1, idx, rk, rv)
+    for off in (0, 1, 0, 1):
+        flat = torch.full((2 * size + 16,), float("nan"), dtype=torch.bfloat16, device=device)
+        ok = flat[off:off + size].view(n, 2, 64)
+        ov = flat[size + 8 + off:size + 8 + off + size].view(n, 2, 64)
+        assert (ok.data_ptr() % 16 == 0) == (off == 0)
+        reconstruct_rows(view, 1, idx, ok, ov)
+        assert torch.equal(ok, rk) and torch.equal(ov, rv), f"offset {off}: not bit-identical"
+
+
 def test_reconstruct_no_rows(device):
     view, _, idx, _ = build(RQConfig(), loops=2, num_kv_heads=1, group=1, dim=64, lens=[0],
                             rot="cfg", device=device, seed=1)
