@@ -19,20 +19,25 @@ def next_pow2(n: int) -> int:
 
 
 # (kernel, constexprs, options, device, argument specialisation) -> (run, function, metadata,
-# constexpr values in signature order) of the compiled kernel; one entry per variant (a few per
-# kernel: formats, alignments, model shapes)
+# constexpr values in signature order) of the compiled kernel. The keys hold classes of values,
+# not the values (a row count differs on every forward), so the entries are a few per kernel:
+# formats, alignments, model shapes.
 _LAUNCHES: dict = {}
 
 
 def _arg_key(a):
-    # what Triton specialises a runtime argument on: a tensor's dtype and 16-byte alignment, an
-    # int's value class (1, multiple of 16, 32/64 bit; the value itself is a superset); floats and
-    # None are not specialised
+    # what Triton specialises a runtime argument on (triton/backends/compiler.py,
+    # get_*_specialization): a tensor's dtype and 16-byte alignment; an int's being 1, a multiple
+    # of 16, and its width; floats and None not at all
     if isinstance(a, torch.Tensor):
         return a.dtype, a.data_ptr() & 15 == 0
+    if isinstance(a, bool):
+        return "b", a
+    if isinstance(a, int):
+        return a == 1, a & 15 == 0, -0x80000000 <= a <= 0x7FFFFFFF, a >= 1 << 63
     if isinstance(a, tuple):
         return tuple(map(_arg_key, a))
-    return a if isinstance(a, int) else type(a)
+    return type(a)
 
 
 def launch_kernel(kernel, grid: tuple[int, ...], args: tuple, consts: dict, **options) -> None:
@@ -43,11 +48,12 @@ def launch_kernel(kernel, grid: tuple[int, ...], args: tuple, consts: dict, **op
     H200's host inside an extend call, which makes three such launches and two FlashAttention
     calls per (layer, loop) where SGLang's BF16 extend makes one call. Skipping it took an
     extend call (16 requests over 64-token prefixes) from 219 to 192 µs of host time in one
-    run (benchmarks/results/h200_2026-12-02c_launch_ab.txt). Here the first launch of a variant goes through ``kernel[grid]``, which compiles it and
-    returns the compiled kernel; later launches with the same key call its launcher directly
+    run (benchmarks/results/h200_2026-12-02c_launch_ab.txt). Here the first launch of a variant
+    goes through ``kernel[grid]``, which compiles it and returns the compiled kernel; later launches with the same key call its launcher directly
     (``CompiledKernel.run``, what ``JITFunction.run`` calls last). The key holds everything
-    Triton specialises on (each tensor's dtype and 16-byte alignment, each int's value, the
-    constexprs and options, the device), so a hit is the kernel the JIT would pick.
+    Triton specialises on (each tensor's dtype and 16-byte alignment, each int's divisibility by
+    16, equality to 1 and width, the constexprs and options, the device), so a hit is the kernel
+    the JIT would pick.
 
     ``args``: the runtime arguments, positional, in signature order; ``consts``: the constexpr
     arguments by name. Under the interpreter, or while a launch hook is set (a profiler such as
@@ -193,11 +199,19 @@ def rotation_terms(view: CompressedLayerView, padded_dim: int, device: torch.dev
 def rotation_args(view: CompressedLayerView, padded_dim: int, device: torch.device
                   ) -> tuple[tuple, int]:
     """`rotation_terms` as the kernels take it: ``((terms, term stride, head stride, row
-    stride, alpha), TERMS)``; strides 0 for the 1-element dummy of a view without rotation."""
+    stride, alpha), TERMS)``; strides 0 for the 1-element dummy of a view without rotation.
+    Kept in ``view.launch_cache`` (read on every launch)."""
+    key = ("rotation_args", padded_dim, device)
+    hit = view.launch_cache.get(key)
+    if hit is not None:
+        return hit
     terms, alpha, nterms = rotation_terms(view, padded_dim, device)
     if terms.dim() != 4:
-        return (terms, 0, 0, 0, alpha), nterms
-    return (terms, terms.stride(0), terms.stride(1), terms.stride(2), alpha), nterms
+        hit = (terms, 0, 0, 0, alpha), nterms
+    else:
+        hit = (terms, terms.stride(0), terms.stride(1), terms.stride(2), alpha), nterms
+    view.launch_cache[key] = hit
+    return hit
 
 
 def prepare_view(view: CompressedLayerView) -> None:

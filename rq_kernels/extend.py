@@ -46,7 +46,7 @@ from rq_kernels._host import (
     rotation_args, unsupported_reason,
 )
 from rq_kernels.decode import decode_attention
-from rq_kernels.reconstruct import reconstruct_rows
+from rq_kernels.reconstruct import launch_reconstruct
 from rq_kernels.triton.extend import rq_extend_merge_kernel
 from rq_kernels.triton.query import rq_rotate_query_kernel
 from rq_kernels.triton.reconstruct import rq_reconstruct_kernel
@@ -58,6 +58,9 @@ if TYPE_CHECKING:
 # head_dim x 2 (K, V) bf16: 128 MiB for Ouro-1.4B (16 x 128), 24 MiB for SmolLM2 (3 x 64).
 # NOTE: tests monkeypatch it to exercise slab boundaries; it is not a launch parameter.
 WORKSPACE_TOKENS = 16384
+
+# FlashAttention-2's variable-length forward, the overload resolved once (not on every call)
+_FLASH_VARLEN = torch.ops.aten._flash_attention_forward.default
 
 
 def _attend_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
@@ -79,7 +82,7 @@ def _attend_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: to
     lq, hq, d = q.shape
     lens = [(host_q[i + 1] - host_q[i], host_k[i + 1] - host_k[i]) for i in range(len(host_q) - 1)]
     if q.is_cuda:
-        out, lse = torch.ops.aten._flash_attention_forward(
+        out, lse = _FLASH_VARLEN(
             q, k, v, cu_q, cu_k, max(m for m, _ in lens), max(n for _, n in lens), 0.0, causal,
             False, scale=scale)[:2]
         if any(m and not n for m, n in lens):
@@ -270,10 +273,9 @@ def _prefix_attention(q: torch.Tensor, view: CompressedLayerView, loop_id: int,
     qx = qh.transpose(0, 1)  # [T*GQ, Hkv, D]: request b's rows are qp[b]*GQ:qp[b+1]*GQ
     B = len(qp) - 1
     slab = min(WORKSPACE_TOKENS, kp[-1] - kp[0])
-    ws_k = torch.empty(slab, HKV, D, dtype=torch.bfloat16, device=q.device)
-    ws_v = torch.empty_like(ws_k)
+    ws_k, ws_v = torch.empty(2, slab, HKV, D, dtype=torch.bfloat16, device=q.device).unbind(0)
     if slab == kp[-1] - kp[0]:  # one slab: every request in one call, its outputs returned
-        reconstruct_rows(view, loop_id, kv_indices[kp[0]:kp[-1]], ws_k, ws_v)
+        launch_reconstruct(view, loop_id, kv_indices[kp[0]:kp[-1]], ws_k, ws_v)
         o, lse = _attend_with_lse(qx, ws_k, ws_v, qo_indptr * GQ if GQ > 1 else qo_indptr,
                                   kv_indptr - kp[0] if kp[0] else kv_indptr,
                                   [x * GQ for x in qp], [x - kp[0] for x in kp], causal=False,
@@ -289,7 +291,7 @@ def _prefix_attention(q: torch.Tensor, view: CompressedLayerView, loop_id: int,
         if not own:
             continue
         b0, b1 = own[0], own[-1] + 1
-        reconstruct_rows(view, loop_id, kv_indices[lo:hi], ws_k[:hi - lo], ws_v[:hi - lo])
+        launch_reconstruct(view, loop_id, kv_indices[lo:hi], ws_k[:hi - lo], ws_v[:hi - lo])
         s, e = qp[b0] * GQ, qp[b1] * GQ
         cu_q = (qo_indptr[b0:b1 + 1] - qp[b0]) * GQ
         cu_k = (kv_indptr[b0:b1 + 1] - lo).clamp_(0, hi - lo)

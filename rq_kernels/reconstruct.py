@@ -65,13 +65,19 @@ def reconstruct_rows(view: CompressedLayerView, loop_id: int, rows: torch.Tensor
         assert t.stride(-1) == 1, f"{name} last dim must be contiguous"
     assert out_k.stride() == out_v.stride(), "out_k and out_v must have the same strides"
     check_view(view, dev)
-    if n == 0:
-        return out_k, out_v
-    args, c = attention_loop_args(view, loop_id)
-    grid = (cdiv(n, BLOCK_N), hkv, 2)
-    launch_kernel(rq_reconstruct_kernel, grid,
-           (rows, n, *args, out_k, out_v, out_k.stride(0), out_k.stride(1)),
-           dict(c, BLOCK_N=BLOCK_N, INTERP=interpreting(rq_reconstruct_kernel)),
-           num_warps=NUM_WARPS, enable_fp_fusion=False)
+    launch_reconstruct(view, loop_id, rows, out_k, out_v)
     return out_k, out_v
 
+
+def launch_reconstruct(view: CompressedLayerView, loop_id: int, rows: torch.Tensor,
+                       out_k: torch.Tensor, out_v: torch.Tensor) -> None:
+    """`reconstruct_rows` without its argument checks, for launchers that made them (the extend
+    path: once per (layer, loop) of every prefill forward)."""
+    n = rows.shape[0]
+    if n == 0:
+        return
+    args, c = attention_loop_args(view, loop_id)
+    launch_kernel(rq_reconstruct_kernel, (cdiv(n, BLOCK_N), out_k.shape[1], 2),
+                  (rows, n, *args, out_k, out_v, out_k.stride(0), out_k.stride(1)),
+                  dict(c, BLOCK_N=BLOCK_N, INTERP=interpreting(rq_reconstruct_kernel)),
+                  num_warps=NUM_WARPS, enable_fp_fusion=False)

@@ -89,6 +89,12 @@ def test_reconstruct_output_alignment(device):
         assert (ok.data_ptr() % 16 == 0) == (off == 0)
         reconstruct_rows(view, 1, idx, ok, ov)
         assert torch.equal(ok, rk) and torch.equal(ov, rv), f"offset {off}: not bit-identical"
+    # row counts of each class Triton specialises an int on (1, a multiple of 16, other), twice
+    for m in (1, 16, 17, 1, 32, 45):
+        ok, ov = torch.full((2, m, 2, 64), float("nan"), dtype=torch.bfloat16,
+                            device=device).unbind(0)
+        reconstruct_rows(view, 1, idx[:m], ok, ov)
+        assert torch.equal(ok, rk[:m]) and torch.equal(ov, rv[:m]), f"{m} rows: not bit-identical"
 
 
 def test_reconstruct_no_rows(device):
