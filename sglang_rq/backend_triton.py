@@ -76,10 +76,12 @@ class RQTritonAttnBackend(RQAttnBackend):
         graph capture, so the prefix path (query rotation, reconstruct, merge: one variant per
         loop format and per class of row count) used to compile inside the first request with a
         prefix: 2.86 s against BF16's 0.69 s for a first 8k prompt on a fresh H200 (2026-12-02,
-        benchmarks/profile_server.py). Here every loop of each stack's first view attends a 17- and a 32-row
-        chunk to as many rows of the padding slot (the two classes of row count Triton
-        specialises on; outputs discarded, nothing written to the pool). With Triton's disk
-        cache warm this takes milliseconds."""
+        docs/results/serving/h200_2026-12-02b_profile_server_batched.json); with this warm-up
+        0.45 s against 0.63 s (`…/h200_2026-12-02d_profile_server_cold_cache.json`). Every loop
+        of each stack's first view attends a 17- and a 32-row chunk to as many rows of the
+        padding slot (the two classes of row count Triton specialises on; outputs discarded,
+        nothing written to the pool): 4.5 s of start-up with Triton's disk cache cold,
+        milliseconds with it warm."""
         pool = self.token_to_kv_pool
         if not str(pool.device).startswith("cuda"):
             return
