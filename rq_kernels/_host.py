@@ -49,8 +49,9 @@ def launch_kernel(kernel, grid: tuple[int, ...], args: tuple, consts: dict, **op
     calls per (layer, loop) where SGLang's BF16 extend makes one call. Skipping it took an
     extend call (16 requests over 64-token prefixes) from 219 to 192 µs of host time in one
     run (benchmarks/results/h200_2026-12-02c_launch_ab.txt). Here the first launch of a variant
-    goes through ``kernel[grid]``, which compiles it and returns the compiled kernel; later launches with the same key call its launcher directly
-    (``CompiledKernel.run``, what ``JITFunction.run`` calls last). The key holds everything
+    goes through ``kernel[grid]``, which compiles it and returns the compiled kernel; later
+    launches with the same key call its launcher directly (``CompiledKernel.run``, what
+    ``JITFunction.run`` calls last, on the stream Triton would use). The key holds everything
     Triton specialises on (each tensor's dtype and 16-byte alignment, each int's divisibility by
     16, equality to 1 and width, the constexprs and options, the device), so a hit is the kernel
     the JIT would pick.

@@ -2,13 +2,14 @@
 # Install (cached), serve the embedded looped model with the ResidualQuant KV cache on this machine
 # (CPU if there is no GPU), ask it the first GSM8K test question (or, without the data beside the checkout, a
 # GSM8K train-split question) over the OpenAI API, show the KV metrics.
-# The server keeps running (PID printed); stop it with: kill <PID>.
+# The server keeps running (PID printed); stop it with: kill <PID>. It sleeps when idle
+# (SGLang's --sleep-on-idle: its scheduler loop otherwise keeps a CPU core busy with no requests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=$(./scripts/setup.sh)
 PORT=${PORT:-30000}
 LOG=${LOG:-/tmp/sglang-rq-quickstart.log}
-"$VENV/bin/sglang-rq" serve --port "$PORT" --enable-metrics "$@" >"$LOG" 2>&1 &
+"$VENV/bin/sglang-rq" serve --port "$PORT" --enable-metrics --sleep-on-idle "$@" >"$LOG" 2>&1 &
 PID=$!
 echo "sglang-rq serve started (pid $PID, log $LOG); waiting for it to be ready..."
 for _ in $(seq 600); do
