@@ -59,8 +59,7 @@ def launch_kernel(kernel, grid: tuple[int, ...], args: tuple, consts: dict, **op
     ``args``: the runtime arguments, positional, in signature order; ``consts``: the constexpr
     arguments by name. Under the interpreter, or while a launch hook is set (a profiler such as
     Proton), it is the plain ``kernel[grid](...)``."""
-    from triton import knobs
-
+    knobs = _triton_knobs()
     enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
     hooked = any(h is not None and getattr(h, "calls", True) for h in (enter, leave))
     if hooked or interpreting(kernel):
@@ -81,6 +80,14 @@ def launch_kernel(kernel, grid: tuple[int, ...], args: tuple, consts: dict, **op
     g = (*grid, 1, 1)
     run(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(dev), function, metadata, None, None,
         None, *args, *tail)
+
+
+@functools.cache
+def _triton_knobs():
+    # NOTE: imported once, not per launch (as `_interpreted_function`)
+    from triton import knobs
+
+    return knobs
 
 
 def interpreting(kernel) -> bool:

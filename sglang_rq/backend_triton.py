@@ -61,14 +61,13 @@ class RQTritonAttnBackend(RQAttnBackend):
 
     def __init__(self, model_runner) -> None:
         super().__init__(model_runner)
-        mc = model_runner.model_config
         try:
-            self.warm_up_prefix_path(mc.num_attention_heads // mc.get_total_num_kv_heads())
+            self.warm_up_prefix_path()
         except Exception as exc:  # an optimisation only: the first request compiles instead
             logger.warning("sglang-rq: prefix-path warm-up skipped (%s: %s)",
                            type(exc).__name__, exc)
 
-    def warm_up_prefix_path(self, qo_heads_per_kv: int) -> None:
+    def warm_up_prefix_path(self) -> None:
         """Compile the kernels of the extend path over a compressed prefix before the first
         request needs them.
 
@@ -85,6 +84,7 @@ class RQTritonAttnBackend(RQAttnBackend):
         pool = self.token_to_kv_pool
         if not str(pool.device).startswith("cuda"):
             return
+        gq = pool.rq_kernels.qo_heads_per_kv  # the model's, as the dispatcher got it
         t0 = time.perf_counter()
         for bufs in pool.stacks.values():
             path = bufs.kernel_paths.extend
@@ -94,7 +94,7 @@ class RQTritonAttnBackend(RQAttnBackend):
             hkv, d = view.codes[0].shape[2], view.head_dim
             dev = view.codes[0].device
             for n in (17, 32):
-                q = torch.zeros(n, hkv * qo_heads_per_kv, d, dtype=torch.bfloat16, device=dev)
+                q = torch.zeros(n, hkv * gq, d, dtype=torch.bfloat16, device=dev)
                 k = torch.zeros(n, hkv, d, dtype=torch.bfloat16, device=dev)
                 indptr = torch.tensor([0, n], dtype=torch.int32, device=dev)
                 rows = torch.zeros(n, dtype=torch.int64, device=dev)  # the padding slot
