@@ -104,6 +104,19 @@ def _interpreted_function() -> type:
     return InterpretedFunction
 
 
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def pdl_capable(device: torch.device) -> bool:
+    """Whether kernels on ``device`` can launch as programmatic dependents (PDL: a kernel's CTAs
+    start while the previous kernel on the stream still runs and wait for it with
+    ``griddepcontrol.wait`` before reading its output): CUDA, compute capability >= 9.0."""
+    return device.type == "cuda" and _capability(
+        device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)
+
+
 def unsupported_reason(view: CompressedLayerView) -> str | None:
     """Why the fused kernels cannot handle ``view``'s format (None if they can).
 

@@ -180,12 +180,37 @@ class _Driver:
         return fn.value
 
     def launch(self, fn: int, grid: tuple[int, int, int], block: int, params: ctypes.Structure,
-               shared_bytes: int, stream: int) -> None:
+               shared_bytes: int, stream: int, pdl: bool) -> None:
         argv = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(params), ctypes.c_void_p))
-        self.check(self.lib.cuLaunchKernel(
-            ctypes.c_void_p(fn), *map(ctypes.c_uint, grid), ctypes.c_uint(block),
-            ctypes.c_uint(1), ctypes.c_uint(1), ctypes.c_uint(shared_bytes), ctypes.c_void_p(stream),
-            argv, None), "cuLaunchKernel")
+        if not pdl:
+            self.check(self.lib.cuLaunchKernel(
+                ctypes.c_void_p(fn), *map(ctypes.c_uint, grid), ctypes.c_uint(block),
+                ctypes.c_uint(1), ctypes.c_uint(1), ctypes.c_uint(shared_bytes),
+                ctypes.c_void_p(stream), argv, None), "cuLaunchKernel")
+            return
+        attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+        attr.value[0] = 1  # programmaticStreamSerializationAllowed
+        config = _LaunchConfig(*grid, block, 1, 1, shared_bytes, stream, ctypes.pointer(attr), 1)
+        self.check(self.lib.cuLaunchKernelEx(ctypes.byref(config), ctypes.c_void_p(fn), argv,
+                                             None), "cuLaunchKernelEx")
+
+
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID (cuda.h)
+
+
+class _LaunchAttribute(ctypes.Structure):
+    """``CUlaunchAttribute`` (cuda.h): an id, padding to 8 bytes, a 64-byte value union."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """``CUlaunchConfig`` (cuda.h)."""
+
+    _fields_ = [("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
+                ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
+                ("shared_bytes", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
 
 
 _DRIVER: _Driver | None = None
@@ -222,9 +247,12 @@ def function(source: str, name: str, defines: dict[str, int], device: torch.devi
 
 
 def launch(fn: int, grid: tuple[int, int, int], block: int, params: ctypes.Structure,
-           device: torch.device, *, shared_bytes: int = 0) -> None:
+           device: torch.device, *, shared_bytes: int = 0, pdl: bool = False) -> None:
     """Launch ``fn`` with one by-value struct argument and ``shared_bytes`` of dynamic shared
-    memory on PyTorch's current stream of ``device``."""
+    memory on PyTorch's current stream of ``device``; ``pdl``: as a programmatic dependent
+    launch (``cuLaunchKernelEx`` with programmatic stream serialization: its CTAs may start
+    before the previous kernel on the stream ends, so ``fn`` must ``griddepcontrol.wait``
+    before reading that kernel's output; CUDA graphs capture the edge; sm_90+)."""
     assert _DRIVER is not None
     _DRIVER.launch(fn, grid, block, params, shared_bytes,
-                   torch.cuda.current_stream(device).cuda_stream)
+                   torch.cuda.current_stream(device).cuda_stream, pdl)

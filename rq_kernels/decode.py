@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from rq_kernels._host import (
-    attention_loop_args, cdiv, check_decode_args, interpreting, next_pow2, require_kernel,
-    rotation_args, strides3, unsupported_reason,
+    attention_loop_args, cdiv, check_decode_args, interpreting, next_pow2, pdl_capable,
+    require_kernel, rotation_args, strides3, unsupported_reason,
 )
 from rq_kernels.decode_tc import WARPS as TC_WARPS
 from rq_kernels.decode_tc import tc_occupancy, tc_split, tc_unsupported_reason
@@ -54,12 +54,15 @@ class DecodeLaunch:
     ``split_kernel``: ``"tc"``, ``"fma"`` or ``"mma"`` (default: see the module docstring);
     ``num_splits``: splits per request's history (default: fill one wave of the GPU);
     ``block_n``: history tokens per tile (fma: 64 on loops with a residual, else 32 or 64 by
-    group count; mma: 32, and at least 32 on CUDA; tc: fixed 16, refused if set).
+    group count; mma: 32, and at least 32 on CUDA; tc: fixed 16, refused if set);
+    ``pdl``: launch the query rotation, the tc split kernel and the merge as programmatic
+    dependents (default: where the GPU can, `rq_kernels._host.pdl_capable`).
     """
 
     split_kernel: str | None = None
     num_splits: int | None = None
     block_n: int | None = None
+    pdl: bool | None = None
 
     def __post_init__(self) -> None:
         if self.split_kernel not in (None, *SPLIT_KERNELS):
@@ -184,18 +187,20 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     rot, nterms = rotation_args(view, dp, dev)
     has_rot = view.rotation is not None
     interp = interpreting(rq_decode_mma_split_kernel)
+    pdl = not interp and (pdl_capable(dev) if launch.pdl is None else launch.pdl)
     qk_scale = sm_scale * LOG2E
     if kernel == "tc":
         q_rot = torch.empty(B, HQ, D, dtype=torch.float32, device=dev)
         rq_rotate_query_kernel[(HKV, cdiv(B * gq, 16))](
             q, q.stride(0), q.stride(1), *rot, q_rot, HQ * D, gq * D, D, B * gq, GQ=gq, D=D, DP=dp,
-            HAS_ROT=has_rot, TERMS=nterms, BLOCK_M=16, INTERP=interp, num_warps=4)
+            HAS_ROT=has_rot, TERMS=nterms, BLOCK_M=16, INTERP=interp, PDL=pdl, num_warps=4,
+            launch_pdl=pdl)
         occupancy = tc_occupancy(B * HKV, _num_sms(dev.index or 0))
         splits = launch.num_splits or choose_num_splits(
             B, HKV, kv_indices.numel(), dev, block_n=TC_TILE,
             programs_per_sm=TC_WARPS * occupancy[0])
         mid_o, mid_ml = tc_split(q_rot, kv_indptr, kv_indices, view, loop_id, HKV, qk_scale,
-                                 splits, occupancy)
+                                 splits, occupancy, pdl=pdl)
     elif kernel == "fma":
         mid_o, mid_ml, splits = _fma_split(q, kv_indptr, kv_indices, view, loop_id, args, c,
                                            rot, nterms, has_rot, qk_scale, launch, interp)
@@ -225,7 +230,8 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
         v_cur, v_cur.stride(0), v_cur.stride(1), mid_o, mid_ml, *rot,
         out, out.stride(0), out.stride(1), B * gq, qk_scale, splits,
         GQ=gq, D=D, DP=dp, HAS_ROT=has_rot, TERMS=nterms, BLOCK_M=block_m,
-        SPLITS_PER_ITER=per_iter, ROW_REPS=reps, INTERP=interp, num_warps=8)
+        SPLITS_PER_ITER=per_iter, ROW_REPS=reps, INTERP=interp, PDL=pdl, num_warps=8,
+        launch_pdl=pdl)
     return out
 
 

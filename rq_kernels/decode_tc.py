@@ -170,13 +170,15 @@ def _variant(view: CompressedLayerView, loop_id: int, group: int, ctas_per_sm: i
 
 def tc_split(q_rot: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
              view: CompressedLayerView, loop_id: int, num_kv_heads: int, qk_scale: float,
-             num_splits: int, occupancy: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+             num_splits: int, occupancy: tuple[int, int], *,
+             pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the split kernel in the `OCCUPANCY` shape ``occupancy`` (`tc_occupancy`):
     ``q_rot`` ``[B, Hq, head_dim]`` fp32 (rotated basis, contiguous) ->
     (MidO ``[B, Hq, S, width(head_dim)]`` fp32 unnormalised (head_dim 96: columns 96-127 are
     0), MidML ``[B, Hq, S, 2]`` fp32 (max in log2 units, sum)). Grid
     ``(cdiv(S * num_kv_heads, 4), B)`` CTAs of 4 warps, one (split, KV head) per warp, KV head
-    fastest."""
+    fastest. ``pdl``: launched as a programmatic dependent of the kernel that wrote ``q_rot``
+    (`rq_kernels.cuda.launch`): it copies its first history tiles, then waits for ``q_rot``."""
     B, HQ, hd = q_rot.shape
     assert hd == view.head_dim and q_rot.is_contiguous(), "q_rot [B, Hq, head_dim] contiguous"
     D = width(hd)
@@ -198,5 +200,5 @@ def tc_split(q_rot: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Ten
                  *parts(rso if rso is not None else aso), *parts(cf),
                  mid_o.data_ptr(), mid_ml.data_ptr(), qk_scale, num_splits, HQ)
     grid = ((num_splits * num_kv_heads + WARPS - 1) // WARPS, B, 1)
-    cuda.launch(fn, grid, WARPS * 32, args, dev, shared_bytes=smem)
+    cuda.launch(fn, grid, WARPS * 32, args, dev, shared_bytes=smem, pdl=pdl)
     return mid_o, mid_ml

@@ -52,6 +52,22 @@ typedef unsigned long long uintptr_t;
 #include <math.h>
 #endif
 
+// Programmatic dependent launch (sm_90+; no-ops when the launch did not ask for it): the
+// launcher sets the attribute, so this kernel's CTAs start while the query rotation before it
+// runs, and the merge kernel after it starts while this one runs. Everything written by the
+// kernel just before (the rotated query) is read only after griddep_wait(); what is read
+// before it (kv_indptr, kv_indices, the history rows) was written by earlier forwards.
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 #if !defined(HEAD_DIM) || !defined(WARPS) || !defined(MINB) || !defined(STAGES)
 #error "HEAD_DIM, WARPS, MINB and STAGES come from the launcher (rq_kernels/decode_tc.py: _variant)"
 #endif
@@ -375,7 +391,11 @@ rq_decode_tc_split(const Args A) {
   // after the first warp's miss
   const int num_kv_heads = A.num_qo_heads / GQ;
   const int unit = blockIdx.x * WARPS + warp;
-  if (unit >= A.num_splits * num_kv_heads) return;
+  griddep_launch_dependents();
+  if (unit >= A.num_splits * num_kv_heads) {
+    griddep_wait();  // every thread waits, so this grid never completes before its primary
+    return;
+  }
   const int hk = unit % num_kv_heads, split = unit / num_kv_heads, b = blockIdx.y;
   const int64_t base = A.kv_indptr[b];
   const int seq = A.kv_indptr[b + 1] - (int)base;
@@ -390,6 +410,26 @@ rq_decode_tc_split(const Args A) {
   const int h = g / NG;
   const bool row_ok = g < ROWS;
   const bool a_rows = row_ok && grp == gt && (HEAD_DIM != 96 || gt < NGR);  // slice t feeds row g
+
+  float cv[NT][4];
+#pragma unroll
+  for (int l = 0; l < NT; ++l) cv[l][0] = cv[l][1] = cv[l][2] = cv[l][3] = 0.f;
+  float m_run = -INFINITY, l_run = 0.f, sw_a = 0.f, sw_r = 0.f, m_off = 0.f;
+
+  extern __shared__ __align__(16) uint8_t smem[];  // [WARPS][STAGES][STAGE_BYTES]
+  uint8_t* wsm = smem + warp * (STAGES * STAGE_BYTES);
+  const uint32_t wsa = (uint32_t)__cvta_generic_to_shared(wsm);
+  const int ntiles = lo < hi ? (hi - lo + TILE - 1) / TILE : 0;
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < ntiles)
+      issue_tile(A, hk, wsa + s * STAGE_BYTES, lane, tile_slot(A, base, lo + s * TILE, hi, lane));
+    cp_commit();
+  }
+  int64_t pslot = STAGES - 1 < ntiles ? tile_slot(A, base, lo + (STAGES - 1) * TILE, hi, lane) : 0;
+  __syncwarp();
+  // the history copies are in flight; the rotated query is the previous kernel's output
+  griddep_wait();
 
   // ---- query fragments (pre-divided by 2^pos) and the folds 128 * sum q, sum q per row
   uint32_t qa[K_STEPS][2];
@@ -445,23 +485,6 @@ rq_decode_tc_split(const Args A) {
   // the lane (of quad 0) whose columns belong to this thread's V head h
   const int src_t = (h * NG) / 2 < 4 ? (h * NG) / 2 : 0;
 
-  float cv[NT][4];
-#pragma unroll
-  for (int l = 0; l < NT; ++l) cv[l][0] = cv[l][1] = cv[l][2] = cv[l][3] = 0.f;
-  float m_run = -INFINITY, l_run = 0.f, sw_a = 0.f, sw_r = 0.f, m_off = 0.f;
-
-  extern __shared__ __align__(16) uint8_t smem[];  // [WARPS][STAGES][STAGE_BYTES]
-  uint8_t* wsm = smem + warp * (STAGES * STAGE_BYTES);
-  const uint32_t wsa = (uint32_t)__cvta_generic_to_shared(wsm);
-  const int ntiles = lo < hi ? (hi - lo + TILE - 1) / TILE : 0;
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < ntiles)
-      issue_tile(A, hk, wsa + s * STAGE_BYTES, lane, tile_slot(A, base, lo + s * TILE, hi, lane));
-    cp_commit();
-  }
-  int64_t pslot = STAGES - 1 < ntiles ? tile_slot(A, base, lo + (STAGES - 1) * TILE, hi, lane) : 0;
-  __syncwarp();
 #if HAS_COEF
   // which half of a coefficient word holds this KV head's K / V value (the same for every row)
   const int sh_k = (reinterpret_cast<uintptr_t>(A.cf + hk * A.cf_h) & 2) ? 16 : 0;

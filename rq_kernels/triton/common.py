@@ -7,6 +7,7 @@ loop with ``b`` bits lives in byte ``d // (8 / b)`` at bit ``(d % (8 / b)) * b``
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -234,3 +235,18 @@ def rotate_rows(x, rot_base, s_term, s_row, TERMS: tl.constexpr, TRANSPOSE: tl.c
         if SPLIT_X:
             acc += mma(xl, r, INTERP)
     return acc
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """With PDL (a programmatic dependent launch, sm_90+): wait until the previous kernel on the
+    stream has completed and its writes are visible; call before reading its output."""
+    if PDL:
+        gdc_wait()
+
+
+@triton.jit
+def pdl_launch_dependents(PDL: tl.constexpr):
+    """With PDL: let the next kernel (if launched as a programmatic dependent) start now."""
+    if PDL:
+        gdc_launch_dependents()

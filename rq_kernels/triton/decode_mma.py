@@ -23,8 +23,8 @@ import triton
 import triton.language as tl
 
 from rq_kernels.triton.common import (
-    codes_to_f16, gqa_rows, load_rows, load_scale_offset_raw, mma, rotate_rows, split_range,
-    split_scale_offset, to_bf16,
+    codes_to_f16, gqa_rows, load_rows, load_scale_offset_raw, mma, pdl_wait, rotate_rows,
+    split_range, split_scale_offset, to_bf16,
 )
 
 
@@ -170,15 +170,18 @@ def rq_decode_merge_kernel(
     batch_rows, qk_scale, num_splits,  # batch_rows = B * GQ
     GQ: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, HAS_ROT: tl.constexpr,
     TERMS: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS_PER_ITER: tl.constexpr,
-    ROW_REPS: tl.constexpr, INTERP: tl.constexpr,
+    ROW_REPS: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Grid ``(num_kv_heads, cdiv(batch_rows, BLOCK_M))``. Each iteration loads SPLITS_PER_ITER
     splits of the program's BLOCK_M rows at once (a loop of one split per iteration paid one
     dependent L2 round trip per split: ~30 us at 64 splits on the H200); small batches take few
     rows and many splits per iteration. The un-rotation runs on tensor cores over at least 16
-    rows: BLOCK_M < 16 rows are repeated ROW_REPS times (the copies are not stored)."""
+    rows: BLOCK_M < 16 rows are repeated ROW_REPS times (the copies are not stored). PDL
+    (launched as a programmatic dependent, sm_90+): the program starts while the split kernel
+    runs and waits for it before reading anything."""
     hk, r_mask, b, hq = gqa_rows(batch_rows, GQ, BLOCK_M, 1)
     d = tl.arange(0, DP)
+    pdl_wait(PDL)
     mid = (b * GQ * tl.num_programs(0) + hq).to(tl.int64) * num_splits  # [BLOCK_M], 64-bit
     m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_run = tl.zeros([BLOCK_M], tl.float32)
