@@ -217,16 +217,17 @@ _DRIVER: _Driver | None = None
 
 
 def function(source: str, name: str, defines: dict[str, int], device: torch.device, *,
-             shared_bytes: int = 0) -> int:
+             shared_bytes: int = 0, carveout: int | None = None) -> int:
     """The loaded ``extern "C"`` kernel ``name`` of ``csrc/source`` compiled with ``defines`` for
     ``device`` (compiled on first use, then cached on disk and in this process), allowed
-    ``shared_bytes`` of dynamic shared memory per CTA.
+    ``shared_bytes`` of dynamic shared memory per CTA, with the preferred shared-memory
+    ``carveout`` (`set_carveout`) if given.
 
     Raises RuntimeError if neither nvcc nor NVRTC builds it (`_compile`), or the driver refuses
     the module."""
     global _DRIVER
     index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (source, name, tuple(sorted(defines.items())), index, shared_bytes)
+    key = (source, name, tuple(sorted(defines.items())), index, shared_bytes, carveout)
     fn = _FUNCS.get(key)
     if fn is not None:
         return fn
@@ -242,8 +243,28 @@ def function(source: str, name: str, defines: dict[str, int], device: torch.devi
                 if shared_bytes > 48 * 1024:
                     _DRIVER.check(_DRIVER.lib.cuFuncSetAttribute(  # 8: MAX_DYNAMIC_SHARED_SIZE
                         ctypes.c_void_p(fn), 8, ctypes.c_int(shared_bytes)), "cuFuncSetAttribute")
+                if carveout is not None:
+                    set_carveout(fn, carveout)
                 _FUNCS[key] = fn
         return _FUNCS[key]
+
+
+_CARVEOUTS: dict[int, int] = {}
+
+
+def set_carveout(fn: int, percent: int) -> None:
+    """Set the preferred shared-memory carveout of the loaded kernel ``fn`` (a ``CUfunction``:
+    ours, or a Triton ``CompiledKernel.function`` of the same context) to ``percent`` of the
+    SM's maximum shared memory; the rest of the unified L1/shared memory stays L1. CTAs of
+    kernels whose carveouts differ cannot share an SM until it drains: kernels that overlap
+    through programmatic dependent launch should prefer the same one. Once per (fn, percent)."""
+    global _DRIVER
+    if _CARVEOUTS.get(fn) == percent:
+        return
+    _DRIVER = _DRIVER or _Driver()
+    _DRIVER.check(_DRIVER.lib.cuFuncSetAttribute(  # 9: PREFERRED_SHARED_MEMORY_CARVEOUT
+        ctypes.c_void_p(fn), 9, ctypes.c_int(percent)), "cuFuncSetAttribute(carveout)")
+    _CARVEOUTS[fn] = percent
 
 
 def launch(fn: int, grid: tuple[int, int, int], block: int, params: ctypes.Structure,

@@ -27,12 +27,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from rq_kernels import cuda
 from rq_kernels._host import (
     attention_loop_args, cdiv, check_decode_args, interpreting, next_pow2, pdl_capable,
     require_kernel, rotation_args, strides3, unsupported_reason,
 )
 from rq_kernels.decode_tc import WARPS as TC_WARPS
-from rq_kernels.decode_tc import tc_occupancy, tc_split, tc_unsupported_reason
+from rq_kernels.decode_tc import carveout_percent, tc_occupancy, tc_split, tc_unsupported_reason
 from rq_kernels.decode_tc import TILE as TC_TILE
 from rq_kernels.triton.decode_fma import rq_decode_fma_split_kernel
 from rq_kernels.triton.decode_mma import rq_decode_merge_kernel, rq_decode_mma_split_kernel
@@ -56,7 +57,8 @@ class DecodeLaunch:
     ``block_n``: history tokens per tile (fma: 64 on loops with a residual, else 32 or 64 by
     group count; mma: 32, and at least 32 on CUDA; tc: fixed 16, refused if set);
     ``pdl``: launch the query rotation, the tc split kernel and the merge as programmatic
-    dependents (default: where the GPU can, `rq_kernels._host.pdl_capable`).
+    dependents (default: where the GPU can, `rq_kernels._host.pdl_capable`; measured in
+    `benchmarks/results/h200_2026-12-02e_decode_pdl_ab.json`).
     """
 
     split_kernel: str | None = None
@@ -155,7 +157,10 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     Two launches (three for ``tc``: the query rotation first): the split kernel
     ``(num_kv_heads, batch_size, num_splits)`` (tc: ``(cdiv(num_splits * num_kv_heads, 4),
     batch_size)`` CTAs of 4 warps) and
-    the merge kernel ``(num_kv_heads, cdiv(batch_size * group, 16))``; a ``[batch_size,
+    the merge kernel ``(num_kv_heads, cdiv(batch_size * group, 16))``, each (sm_90+) a
+    programmatic dependent launch that starts while the kernel before it runs (the tc split
+    kernel copies its first history tiles before waiting for the rotated query; all three
+    prefer one shared-memory carveout, `decode_tc.carveout_percent`); a ``[batch_size,
     num_qo_heads, num_splits, head_dim_pow2]`` fp32 workspace is allocated per call. CUDA-graph
     safe once the view is prepared (`rq_kernels.prepare_view`) or after one eager call (which
     also compiles and loads a tc variant).
@@ -191,10 +196,12 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     qk_scale = sm_scale * LOG2E
     if kernel == "tc":
         q_rot = torch.empty(B, HQ, D, dtype=torch.float32, device=dev)
-        rq_rotate_query_kernel[(HKV, cdiv(B * gq, 16))](
+        rotate = rq_rotate_query_kernel[(HKV, cdiv(B * gq, 16))](
             q, q.stride(0), q.stride(1), *rot, q_rot, HQ * D, gq * D, D, B * gq, GQ=gq, D=D, DP=dp,
             HAS_ROT=has_rot, TERMS=nterms, BLOCK_M=16, INTERP=interp, PDL=pdl, num_warps=4,
             launch_pdl=pdl)
+        if not interp:
+            cuda.set_carveout(rotate.function, carveout_percent(dev.index))
         occupancy = tc_occupancy(B * HKV, _num_sms(dev.index or 0))
         splits = launch.num_splits or choose_num_splits(
             B, HKV, kv_indices.numel(), dev, block_n=TC_TILE,
@@ -225,13 +232,15 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     block_m = min(MMA_ROWS, next_pow2(B * gq))
     per_iter = max(1, MERGE_TILE // block_m * 128 // max(dp, 128))
     reps = MMA_ROWS // block_m if has_rot else 1
-    rq_decode_merge_kernel[(HKV, cdiv(B * gq, block_m))](
+    merge = rq_decode_merge_kernel[(HKV, cdiv(B * gq, block_m))](
         q, q.stride(0), q.stride(1), k_cur, k_cur.stride(0), k_cur.stride(1),
         v_cur, v_cur.stride(0), v_cur.stride(1), mid_o, mid_ml, *rot,
         out, out.stride(0), out.stride(1), B * gq, qk_scale, splits,
         GQ=gq, D=D, DP=dp, HAS_ROT=has_rot, TERMS=nterms, BLOCK_M=block_m,
         SPLITS_PER_ITER=per_iter, ROW_REPS=reps, INTERP=interp, PDL=pdl, num_warps=8,
         launch_pdl=pdl)
+    if kernel == "tc" and not interp:
+        cuda.set_carveout(merge.function, carveout_percent(dev.index))
     return out
 
 

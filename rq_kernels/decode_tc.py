@@ -8,6 +8,7 @@ Triton split kernels reduces the splits.
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -37,6 +38,22 @@ def tc_occupancy(units: int, num_sms: int) -> tuple[int, int]:
     3-CTA shape, which then keeps its register cap without the occupancy)."""
     three, two = OCCUPANCY
     return three if WARPS * three[0] * num_sms >= 2 * units else two
+
+
+@functools.cache
+def carveout_percent(index: int) -> int:
+    """The preferred shared-memory carveout (percent of the SM's shared memory) of the split
+    kernel and of the query rotation and merge launched around it on CUDA device ``index``: the
+    least that holds the largest variant's `OCCUPANCY` shape (4-bit anchor and residual at width
+    128, plus the 1 KB the driver reserves per CTA; 50 % on the H200). Programmatically dependent
+    CTAs can share an SM only if their kernels prefer the same carveout; left to the driver,
+    the split kernel launched as a dependent of the rotation ran 1.1-1.3x slower at batch >= 2
+    (12-02, `benchmarks/results/h200_2026-12-02e_decode_pdl_ab.json`), as it does with the
+    whole carveout given to shared memory (its shared small reads need L1)."""
+    per_sm = torch.cuda.get_device_properties(index).shared_memory_per_multiprocessor
+    need = max(ctas * (WARPS * stages * stage_bytes(4, 4, 128) + 1024)
+               for ctas, stages in OCCUPANCY)
+    return min(100, -(-100 * need // per_sm))
 
 
 def width(head_dim: int) -> int:
@@ -186,7 +203,8 @@ def tc_split(q_rot: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Ten
     group = HQ // num_kv_heads
     ac, aso, rc, rso, cf, _, _ = _loop_tensors(view, loop_id)
     defines, smem = _variant(view, loop_id, group, *occupancy)
-    fn = cuda.function(SOURCE, KERNEL, defines, dev, shared_bytes=smem)
+    fn = cuda.function(SOURCE, KERNEL, defines, dev, shared_bytes=smem,
+                       carveout=carveout_percent(dev.index))
     mid_o = torch.empty(B, HQ, num_splits, D, dtype=torch.float32, device=dev)
     mid_ml = torch.empty(B, HQ, num_splits, 2, dtype=torch.float32, device=dev)
 

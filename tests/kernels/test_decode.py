@@ -230,3 +230,41 @@ def test_decode_cuda_graph_tc(device):
     """The tensor-core CUDA split kernel (MHA and GQA 2) under capture and replay."""
     _graph_replay_matches_reference(device, hkv=4, group=1, loop=0, seed=33, kernel="tc")
     _graph_replay_matches_reference(device, hkv=2, group=2, loop=3, seed=34, kernel="tc")
+
+
+@pytest.mark.gpu
+def test_decode_tc_pdl_matches_plain_launch(device):
+    """Programmatic dependent launch (sm_90+) changes when kernels start, not what they compute:
+    a CUDA graph of three consecutive calls (each call's rotation a dependent of the previous
+    call's merge) gives the same bits with and without it, on lengths off the tile (0, 1, 17,
+    4097), while the queries change between replays."""
+    if not torch.cuda.get_device_capability() >= (9, 0):
+        pytest.skip("programmatic dependent launch needs compute capability 9.0")
+    view, ind, idx, _ = build(RQConfig(), loops=4, num_kv_heads=4, group=2, dim=128,
+                              lens=[1, 17, 4097, 0], rot="cfg", device=device, seed=35)
+    q, kc, vc = queries(4, 8, 4, 128, device=device, seed=35)
+    outs = {}
+    for pdl in (False, True):
+        out = [torch.empty_like(q) for _ in range(3)]
+        kw = dict(sm_scale=128 ** -0.5, launch=DecodeLaunch(split_kernel="tc", pdl=pdl))
+
+        def calls(out=out, kw=kw):
+            for i, loop in enumerate((0, 3, 1)):
+                decode_attention(q, kc, vc, view, loop, ind, idx, out=out[i], **kw)
+
+        calls()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            calls()
+        got = []
+        for seed in (1, 2):
+            q.copy_(torch.randn(q.shape, generator=torch.Generator(device).manual_seed(seed),
+                                device=device))
+            for o in out:
+                o.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            got.append(torch.stack(out).clone())
+        outs[pdl] = torch.stack(got)
+    assert torch.isfinite(outs[True]).all()
+    assert torch.equal(outs[True], outs[False])
