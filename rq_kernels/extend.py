@@ -65,14 +65,16 @@ _FLASH_VARLEN = torch.ops.aten._flash_attention_forward.default
 
 def _attend_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
                      cu_k: torch.Tensor, host_q: list[int], host_k: list[int], *, causal: bool,
-                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                     scale: float, empty_lse_any_inf: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Variable-length attention: sequence ``i`` is the rows ``host_q[i]:host_q[i+1]`` of ``q``
     ``[Lq, Hq, D]`` over the rows ``host_k[i]:host_k[i+1]`` of ``k``/``v`` ``[Lk, Hkv, D]``
     (bf16, ``Hq % Hkv == 0``: query head ``h`` reads KV head ``h // (Hq / Hkv)``; last dim
     contiguous, any row and head strides; ``host_q[-1] == Lq``; causal only where each sequence
     has as many keys as queries). ``cu_q``/``cu_k``: the same offsets as ``int32`` tensors on
     q's device. Returns out ``[Lq, Hq, D]`` bf16 and lse ``[Hq, Lq]`` fp32 (natural log); a
-    sequence without keys gets out 0 and lse ``-inf``.
+    sequence without keys gets out 0 and lse ``-inf`` (``empty_lse_any_inf``: ``-inf`` or
+    ``+inf``, for a caller that reads both as empty: two launches fewer).
 
     CUDA: one FlashAttention-2 varlen call (``aten::_flash_attention_forward`` with
     ``cum_seq_q``/``cum_seq_k``) on the sequence-major layout as it lies (GQA natively: no K/V
@@ -85,7 +87,7 @@ def _attend_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: to
         out, lse = _FLASH_VARLEN(
             q, k, v, cu_q, cu_k, max(m for m, _ in lens), max(n for _, n in lens), 0.0, causal,
             False, scale=scale)[:2]
-        if any(m and not n for m, n in lens):
+        if not empty_lse_any_inf and any(m and not n for m, n in lens):
             lse.masked_fill_(lse == float("inf"), float("-inf"))
         return out, lse
     group = hq // k.shape[1]
@@ -257,7 +259,7 @@ def _prefix_attention(q: torch.Tensor, view: CompressedLayerView, loop_id: int,
                       nterms: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Every request's chunk over its compressed prefix, slab by slab, one FlashAttention call
     per slab: output ``[Hkv, T*GQ, D]`` in the rotated basis and LSE ``[Hkv, T*GQ]`` fp32
-    (``-inf``, output 0: no prefix). With one slab the call's bf16 output and LSE are returned
+    (``-inf`` or, with one slab, ``+inf``; output 0: no prefix). With one slab the call's bf16 output and LSE are returned
     as they are; otherwise the slabs merge in fp32. The caller guarantees that some request with
     chunk rows has a prefix; ``rot``, ``nterms``: `rotation_args` at the padded head_dim."""
     T, HQ, D = q.shape
@@ -279,7 +281,7 @@ def _prefix_attention(q: torch.Tensor, view: CompressedLayerView, loop_id: int,
         o, lse = _attend_with_lse(qx, ws_k, ws_v, qo_indptr * GQ if GQ > 1 else qo_indptr,
                                   kv_indptr - kp[0] if kp[0] else kv_indptr,
                                   [x * GQ for x in qp], [x - kp[0] for x in kp], causal=False,
-                                  scale=sm_scale)
+                                  scale=sm_scale, empty_lse_any_inf=True)
         return o.transpose(0, 1), lse  # [Hkv, T*GQ, D], [Hkv, T*GQ]
     acc = torch.zeros(HKV, T * GQ, D, dtype=torch.float32, device=q.device)
     acc_lse = torch.full((HKV, T * GQ), float("-inf"), dtype=torch.float32, device=q.device)

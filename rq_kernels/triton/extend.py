@@ -14,7 +14,7 @@ from rq_kernels.triton.common import gqa_rows, rotate_rows, to_bf16
 @triton.jit(do_not_specialize=["rows", "s_lk", "s_lr", "s_mt", "s_mh"])
 def rq_extend_merge_kernel(
     Op, s_pk, s_pr,  # prefix output [Hkv, T * GQ, D] rotated basis, bf16 or fp32; row t * GQ + g
-    Lp, s_lk, s_lr,  # its LSE [Hkv, T * GQ] fp32, natural log (-inf: no prefix)
+    Lp, s_lk, s_lr,  # its LSE [Hkv, T * GQ] fp32, natural log (+inf or -inf: no prefix)
     Oc, s_ct, s_ch,  # chunk output [T, Hq, D] bf16, original basis
     Lc, s_mt, s_mh,  # its LSE [T, Hq] fp32, natural log (finite: a row sees at least itself)
     Rot, s_rterm, s_rhead, s_rrow, alpha,  # [TERMS, Hkv, DP, DP] bf16 (or a dummy)
@@ -26,7 +26,8 @@ def rq_extend_merge_kernel(
     """Grid ``(num_kv_heads, cdiv(T * GQ, BLOCK_M))``, rows (token t, query head hq) of one KV
     head: ``Out = (e^(Lp - m) Op R^T + e^(Lc - m) Oc) / (e^(Lp - m) + e^(Lc - m))``,
     ``m = max(Lp, Lc)``. The un-rotation runs on tensor cores, fp32-accurate (`rotate_rows`;
-    an fp32 ``Op`` is split into bf16 hi + lo parts)."""
+    an fp32 ``Op`` is split into bf16 hi + lo parts). A row without prefix keys has ``Lp``
+    ``-inf`` or ``+inf`` (FlashAttention's LSE of a sequence without keys) and ``Op`` 0."""
     hk, r_mask, t, hq = gqa_rows(rows, GQ, BLOCK_M, 1)
     r = t * GQ + hq - hk * GQ  # row within KV head hk
     d = tl.arange(0, DP)
@@ -38,6 +39,7 @@ def rq_extend_merge_kernel(
     else:
         op = op.to(tl.float32)
     lp = tl.load(Lp + hk * s_lk + r * s_lr, mask=r_mask, other=float("-inf"))
+    lp = tl.where(lp == float("inf"), float("-inf"), lp)
     lc = tl.load(Lc + t * s_mt + hq * s_mh, mask=r_mask, other=0.0)
     oc = tl.load(Oc + t[:, None] * s_ct + hq[:, None] * s_ch + d[None, :], mask=dm,
                  other=0.0).to(tl.float32)

@@ -187,3 +187,41 @@ def test_extend_workspace_out_given_or_not(lens, device):
     a = extend_attention(q, kc, vc, view, 1, qo, kv_ind, idx, sm_scale=0.125, out=out)
     b = extend_attention(q, kc, vc, view, 1, qo, kv_ind, idx, sm_scale=0.125)
     assert a is out and torch.isfinite(a).all() and torch.equal(a, b)
+
+
+def test_extend_merge_reads_either_infinite_lse_as_no_prefix(device):
+    """The merge of prefix and chunk attention (`rq_extend_merge_kernel`, no rotation, GQA 2)
+    against the LSE-weighted average written out in PyTorch: a row whose prefix LSE is -inf,
+    or +inf (FlashAttention's LSE of a sequence without keys, left as it is by the one-slab
+    path), gets the chunk output alone."""
+    from rq_kernels._host import interpreting, launch_kernel
+    from rq_kernels.triton.extend import rq_extend_merge_kernel
+
+    gen = torch.Generator().manual_seed(41)
+    T, HKV, GQ, D = 5, 2, 2, 64
+    op = torch.randn(HKV, T * GQ, D, generator=gen).to(torch.bfloat16)
+    lp = torch.randn(HKV, T * GQ, generator=gen) * 3
+    lp[0, 1], lp[1, 4], lp[1, 9] = float("inf"), float("-inf"), float("inf")
+    op[0, 1] = op[1, 4] = op[1, 9] = 0.0
+    oc = torch.randn(T, HKV * GQ, D, generator=gen).to(torch.bfloat16)
+    lc = torch.randn(T, HKV * GQ, generator=gen) * 3
+    out = torch.full_like(oc, float("nan"))
+    op, lp, oc, lc, out = (x.to(device) for x in (op, lp, oc, lc, out))
+    dummy = torch.zeros(1, dtype=torch.bfloat16, device=device)
+    launch_kernel(rq_extend_merge_kernel, (HKV, 1), (
+        op, op.stride(0), op.stride(1), lp, lp.stride(0), lp.stride(1),
+        oc, oc.stride(0), oc.stride(1), lc, lc.stride(0), lc.stride(1),
+        dummy, 0, 0, 0, 1.0, out, out.stride(0), out.stride(1), T * GQ), dict(
+        GQ=GQ, D=D, DP=D, HAS_ROT=False, TERMS=1, BLOCK_M=16,
+        INTERP=interpreting(rq_extend_merge_kernel)), num_warps=4)
+    # prefix row (hk, t * GQ + g) belongs to query head hk * GQ + g of token t
+    lp_t = lp.view(HKV, T, GQ).permute(1, 0, 2).reshape(T, HKV * GQ).cpu()
+    op_t = op.view(HKV, T, GQ, D).permute(1, 0, 2, 3).reshape(T, HKV * GQ, D).float().cpu()
+    lp_t = torch.where(torch.isinf(lp_t), float("-inf"), lp_t)
+    m = torch.maximum(lp_t, lc.cpu())
+    wp, wc = torch.exp(lp_t - m), torch.exp(lc.cpu() - m)
+    want = (op_t * wp[..., None] + oc.float().cpu() * wc[..., None]) / (wp + wc)[..., None]
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float().cpu(), want, atol=2e-2, rtol=1e-2)
+    for t, h in ((0, 1), (4, 3), (2, 2)):  # prefix rows (0, 1) +inf, (1, 9) +inf, (1, 4) -inf
+        assert torch.equal(out[t, h], oc[t, h]), f"token {t} head {h}: not the chunk output alone"
