@@ -196,6 +196,7 @@ class _Driver:
 
 
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID (cuda.h)
+_PREFERRED_SHARED_MEMORY_CARVEOUT = 9  # CUfunction_attribute (cuda.h)
 
 
 class _LaunchAttribute(ctypes.Structure):
@@ -252,18 +253,20 @@ def function(source: str, name: str, defines: dict[str, int], device: torch.devi
 _CARVEOUTS: dict[int, int] = {}
 
 
-def set_carveout(fn: int, percent: int) -> None:
+def set_carveout(fn: int, percent: int | None) -> None:
     """Set the preferred shared-memory carveout of the loaded kernel ``fn`` (a ``CUfunction``:
     ours, or a Triton ``CompiledKernel.function`` of the same context) to ``percent`` of the
     SM's maximum shared memory; the rest of the unified L1/shared memory stays L1. CTAs of
     kernels whose carveouts differ cannot share an SM until it drains: kernels that overlap
-    through programmatic dependent launch should prefer the same one. Once per (fn, percent)."""
+    through programmatic dependent launch should prefer the same one. Once per (fn, percent);
+    None: nothing (the driver decides)."""
     global _DRIVER
-    if _CARVEOUTS.get(fn) == percent:
+    if percent is None or _CARVEOUTS.get(fn) == percent:
         return
     _DRIVER = _DRIVER or _Driver()
-    _DRIVER.check(_DRIVER.lib.cuFuncSetAttribute(  # 9: PREFERRED_SHARED_MEMORY_CARVEOUT
-        ctypes.c_void_p(fn), 9, ctypes.c_int(percent)), "cuFuncSetAttribute(carveout)")
+    _DRIVER.check(_DRIVER.lib.cuFuncSetAttribute(
+        ctypes.c_void_p(fn), _PREFERRED_SHARED_MEMORY_CARVEOUT, ctypes.c_int(percent)),
+        "cuFuncSetAttribute(carveout)")
     _CARVEOUTS[fn] = percent
 
 

@@ -41,7 +41,7 @@ def tc_occupancy(units: int, num_sms: int) -> tuple[int, int]:
 
 
 @functools.cache
-def carveout_percent(index: int) -> int:
+def carveout_percent(index: int) -> int | None:
     """The preferred shared-memory carveout (percent of the SM's shared memory) of the split
     kernel and of the query rotation and merge launched around it on CUDA device ``index``: the
     least that holds the largest variant's `OCCUPANCY` shape (4-bit anchor and residual at width
@@ -49,7 +49,10 @@ def carveout_percent(index: int) -> int:
     CTAs can share an SM only if their kernels prefer the same carveout; left to the driver,
     the split kernel launched as a dependent of the rotation ran 1.1-1.3x slower at batch >= 2
     (12-02, `benchmarks/results/h200_2026-12-02e_decode_pdl_ab.json`), as it does with the
-    whole carveout given to shared memory (its shared small reads need L1)."""
+    whole carveout given to shared memory (its shared small reads need L1). None (the driver
+    decides) below compute capability 9.0, where nothing launches as a dependent."""
+    if torch.cuda.get_device_capability(index) < (9, 0):
+        return None
     per_sm = torch.cuda.get_device_properties(index).shared_memory_per_multiprocessor
     need = max(ctas * (WARPS * stages * stage_bytes(4, 4, 128) + 1024)
                for ctas, stages in OCCUPANCY)

@@ -6,6 +6,7 @@ PyTorch twin on a GPU (`test_decode.py::test_decode_tc_kernel`)."""
 from __future__ import annotations
 
 import ctypes
+import os
 import itertools
 import re
 
@@ -126,3 +127,43 @@ def test_occupancy_shape_follows_the_wave():
     assert tc_occupancy(792, 132) == (3, 2)
     assert tc_occupancy(793, 132) == (2, 3)
     assert tc_occupancy(16 * 64, 132) == (2, 3)  # 64 x 8k of the benchmark: one split each
+
+
+def _cuda_header() -> str | None:
+    """cuda.h of the CUDA driver API as shipped with Triton's NVIDIA backend (None if absent)."""
+    import triton
+
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "include",
+                        "cuda.h")
+    return path if os.path.exists(path) else None
+
+
+def test_driver_launch_structs_match_cuda_h(tmp_path):
+    """The ctypes mirrors `cuda._LaunchConfig` / `cuda._LaunchAttribute` (programmatic dependent
+    launches through ``cuLaunchKernelEx``) have cuda.h's sizes and field offsets, and the
+    attribute ids are cuda.h's: a C program compiled against the header prints them."""
+    import shutil
+    import subprocess
+
+    header, cc = _cuda_header(), shutil.which("cc") or shutil.which("gcc")
+    if header is None or cc is None:
+        pytest.skip("needs a C compiler and Triton's cuda.h")
+    src = tmp_path / "layout.c"
+    src.write_text(
+        '#include <stdio.h>\n#include <stddef.h>\n#include "cuda.h"\n'
+        "int main(void) {\n"
+        '  printf("%zu %zu %zu %zu %zu %zu %zu %d %d\\n", sizeof(CUlaunchConfig),\n'
+        "    offsetof(CUlaunchConfig, sharedMemBytes), offsetof(CUlaunchConfig, hStream),\n"
+        "    offsetof(CUlaunchConfig, attrs), offsetof(CUlaunchConfig, numAttrs),\n"
+        "    sizeof(CUlaunchAttribute), offsetof(CUlaunchAttribute, value),\n"
+        "    (int)CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,\n"
+        "    (int)CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT);\n"
+        "  return 0;\n}\n")
+    exe = tmp_path / "layout"
+    subprocess.run([cc, "-I", os.path.dirname(header), str(src), "-o", str(exe)], check=True)
+    got = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True,
+                                          check=True).stdout.split()]
+    C, A = cuda._LaunchConfig, cuda._LaunchAttribute
+    assert got == [ctypes.sizeof(C), C.shared_bytes.offset, C.stream.offset, C.attrs.offset,
+                   C.num_attrs.offset, ctypes.sizeof(A), A.value.offset,
+                   cuda._PROGRAMMATIC_STREAM_SERIALIZATION, cuda._PREFERRED_SHARED_MEMORY_CARVEOUT]
