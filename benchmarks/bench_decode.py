@@ -1,6 +1,6 @@
 """Decode attention per layer-loop: both split kernels vs BF16 SDPA, side by side in one run.
 
-``python benchmarks/bench_decode.py --out DIR [--deadline S] [--dry-run]``
+``python benchmarks/bench_decode.py --out DIR [--deadline S] [--pdl-ab] [--dry-run]``
 
 `rq_kernels.decode_attention` with each split kernel that can serve the shape
 (`DecodeLaunch(split_kernel=...)`: ``tc`` (CUDA, head_dim 64/96/128), ``fma`` for MHA, ``mma`` for
@@ -9,8 +9,11 @@ SDPA (FlashAttention) over contiguous BF16 K/V of ``ctx + 1`` tokens. Timing: CU
 under `triton.testing.do_bench` (L2 flushed before each rep, median). RQ time per layer-loop =
 (3 x residual loop + 1 x anchor loop) / 4 for 4 loops; TB/s counts compressed bytes
 (`sglang_rq.layout.decode_read_bytes_per_token` of one layer / loops x history tokens). Each
-family is first checked against the fp32 twin (flash-attn rule). Writes ``DIR/bench_decode.json``
-after every point; stops starting new points after ``--deadline`` seconds.
+family is first checked against the fp32 twin (flash-attn rule). ``--pdl-ab``: the tc kernel
+also launched without programmatic dependent launch (``tc_nopdl``; the default launches the
+rotation, split and merge kernels as dependents on sm_90+), same run. Writes
+``DIR/bench_decode.json`` after every point; stops starting new points after ``--deadline``
+seconds.
 """
 
 from __future__ import annotations
@@ -99,7 +102,12 @@ def check(view, hq, hkv, dim, b, ctx, loops, kernels) -> list[dict]:
 
 
 def main() -> None:
-    a = bench_args(lambda ap: ap.add_argument("--deadline", type=float, default=420.0))
+    def extra(ap):
+        ap.add_argument("--deadline", type=float, default=420.0)
+        ap.add_argument("--pdl-ab", action="store_true",
+                        help="also time the tc kernel launched without PDL (tc_nopdl)")
+
+    a = bench_args(extra)
     cfg, loops = RQConfig(), 4
     fams = {k: (*v, POINTS) for k, v in FAMILIES.items()}
     if a.dry_run:
@@ -122,15 +130,17 @@ def main() -> None:
             qs = torch.randn(b, hq, 1, dim, device=DEV, dtype=torch.bfloat16)
             ks = torch.randn(b, hkv, ctx + 1, dim, device=DEV, dtype=torch.bfloat16)
             row = dict(family=fam, batch=b, ctx=ctx, sdpa_ms=sdpa_time(qs, ks, ks)[0])
-            for kernel in kernels:
-                t, avg = time_loops(DecodeLaunch(split_kernel=kernel), view, q, kc, vc, ind, idx,
-                                    dim, loops)
-                row[kernel] = dict(resid_ms=t[0], anchor_ms=t[loops - 1], avg_ms=avg,
-                                   tbs=by / avg / 1e9, vs_sdpa=row["sdpa_ms"] / avg)
+            arms = [(k, DecodeLaunch(split_kernel=k)) for k in kernels]
+            if a.pdl_ab and "tc" in kernels:
+                arms.append(("tc_nopdl", DecodeLaunch(split_kernel="tc", pdl=False)))
+            for name, launch in arms:
+                t, avg = time_loops(launch, view, q, kc, vc, ind, idx, dim, loops)
+                row[name] = dict(resid_ms=t[0], anchor_ms=t[loops - 1], avg_ms=avg,
+                                 tbs=by / avg / 1e9, vs_sdpa=row["sdpa_ms"] / avg)
             res["points"].append(row)
             print(f"{fam:12s} ctx={ctx:6d} b={b:3d} sdpa {row['sdpa_ms'] * 1e3:7.1f}us | " +
                   " | ".join(f"{k} {row[k]['avg_ms'] * 1e3:7.1f}us {row[k]['tbs']:.2f}TB/s "
-                             f"x{row[k]['vs_sdpa']:.2f}" for k in kernels), flush=True)
+                             f"x{row[k]['vs_sdpa']:.2f}" for k, _ in arms), flush=True)
             write_json(res, a.out, "bench_decode.json")
         del view
         if DEV == "cuda":
