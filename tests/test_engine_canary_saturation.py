@@ -3,8 +3,10 @@
 The small random Ouro of `tests.test_deploy_metrics` with its recorded canary, a 1024-token pool
 and a 2 s canary interval (one period = up to 10 s waiting for a queued canary + 2 s):
 
-1. 16 clients send 300-token prompts with 180 greedy tokens for 45 s (the pool holds two at a
-   time); ``/rq/ready`` polled every second answers 200 every time, and the canary reports
+1. 32 clients send 300-token prompts with 180 greedy tokens for 45 s (the pool holds two at a
+   time, so a canary queues behind about 30 of them: longer than its 10 s wait even on a fast
+   CPU; with 16 clients it waited 9.0-9.7 s on 2026-12-02 and never counted as saturated);
+   ``/rq/ready`` polled every second answers 200 every time, and the canary reports
    ``saturated`` at least once (`sglang_rq_canary_saturated`, ``runs_total{result="saturated"}``);
 2. load stopped, the canary file is rewritten with a wrong expected answer: ``/rq/ready`` turns
    503 within one period while ``/health`` stays 200.
@@ -27,7 +29,7 @@ from tests.test_deploy_metrics import make_checkpoint, sample, scrape
 pytestmark = pytest.mark.engine
 
 INTERVAL_S, WAIT_S = 2.0, 10.0  # Canary.wait_s = min(max(interval, 10), 60)
-CLIENTS, PROMPT_TOKENS, NEW_TOKENS, LOAD_S = 16, 300, 180, 45.0  # context 512
+CLIENTS, PROMPT_TOKENS, NEW_TOKENS, LOAD_S = 32, 300, 180, 45.0  # context 512
 
 
 @pytest.fixture(scope="module")
