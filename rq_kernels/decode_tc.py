@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rq_kernels import cuda
-from rq_kernels._host import next_pow2, unsupported_reason
+from rq_kernels._host import next_pow2, pdl_capable, unsupported_reason
 
 if TYPE_CHECKING:
     from rq_kernels.view import CompressedLayerView
@@ -51,7 +51,7 @@ def carveout_percent(index: int) -> int | None:
     (12-02, `benchmarks/results/h200_2026-12-02e_decode_pdl_ab.json`), as it does with the
     whole carveout given to shared memory (its shared small reads need L1). None (the driver
     decides) below compute capability 9.0, where nothing launches as a dependent."""
-    if torch.cuda.get_device_capability(index) < (9, 0):
+    if not pdl_capable(torch.device("cuda", index)):
         return None
     per_sm = torch.cuda.get_device_properties(index).shared_memory_per_multiprocessor
     need = max(ctas * (WARPS * stages * stage_bytes(4, 4, 128) + 1024)

@@ -259,8 +259,8 @@ def _prefix_attention(q: torch.Tensor, view: CompressedLayerView, loop_id: int,
                       nterms: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Every request's chunk over its compressed prefix, slab by slab, one FlashAttention call
     per slab: output ``[Hkv, T*GQ, D]`` in the rotated basis and LSE ``[Hkv, T*GQ]`` fp32
-    (``-inf`` or, with one slab, ``+inf``; output 0: no prefix). With one slab the call's bf16 output and LSE are returned
-    as they are; otherwise the slabs merge in fp32. The caller guarantees that some request with
+    (``-inf`` or, with one slab, ``+inf``; output 0: no prefix). With one slab the call's bf16
+    output and LSE are returned as they are; otherwise the slabs merge in fp32. The caller guarantees that some request with
     chunk rows has a prefix; ``rot``, ``nterms``: `rotation_args` at the padded head_dim."""
     T, HQ, D = q.shape
     HKV = view.codes[0].shape[2]

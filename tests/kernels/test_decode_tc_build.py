@@ -6,8 +6,8 @@ PyTorch twin on a GPU (`test_decode.py::test_decode_tc_kernel`)."""
 from __future__ import annotations
 
 import ctypes
-import os
 import itertools
+import os
 import re
 
 import pytest
@@ -166,4 +166,5 @@ def test_driver_launch_structs_match_cuda_h(tmp_path):
     C, A = cuda._LaunchConfig, cuda._LaunchAttribute
     assert got == [ctypes.sizeof(C), C.shared_bytes.offset, C.stream.offset, C.attrs.offset,
                    C.num_attrs.offset, ctypes.sizeof(A), A.value.offset,
-                   cuda._PROGRAMMATIC_STREAM_SERIALIZATION, cuda._PREFERRED_SHARED_MEMORY_CARVEOUT]
+                   cuda._PROGRAMMATIC_STREAM_SERIALIZATION,
+                   cuda._PREFERRED_SHARED_MEMORY_CARVEOUT]
