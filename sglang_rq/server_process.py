@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import atexit
 import errno
 import os
 import random
@@ -11,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -71,6 +73,52 @@ def port_in_use_reason(host: str, port: int) -> str | None:
     return None
 
 
+# Server processes started here and not stopped yet, by pid: stopped (their whole process group)
+# when this process exits or gets SIGTERM (a test run cut by `timeout`, CI cancelling a job), so
+# none outlives its parent holding a port and a GPU.
+_LIVE: dict[int, subprocess.Popen] = {}
+_hooked = False
+
+
+def stop_group(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """SIGTERM ``proc``'s process group (it leads its own session), SIGKILL after ``timeout_s``
+    seconds; forget it."""
+    _LIVE.pop(proc.pid, None)
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        except ProcessLookupError:
+            pass
+
+
+def _stop_live(signum: int | None = None, _frame=None) -> None:
+    for proc in list(_LIVE.values()):
+        stop_group(proc, timeout_s=10.0)
+    if signum is not None:  # then die of the signal as before
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def spawn_session(cmd: list[str], **popen_kwargs) -> subprocess.Popen:
+    """``subprocess.Popen(cmd, **popen_kwargs)`` in a new session (its own process group),
+    stopped by `stop_group`, or at this process's exit or SIGTERM (the handler is installed only
+    where SIGTERM still has its default action, from the main thread)."""
+    global _hooked
+    proc = subprocess.Popen(cmd, start_new_session=True, **popen_kwargs)
+    _LIVE[proc.pid] = proc
+    if not _hooked:
+        _hooked = True
+        atexit.register(_stop_live)
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
+            signal.signal(signal.SIGTERM, _stop_live)
+    return proc
+
+
 class PortInUse(RuntimeError):
     """The server could not bind its HTTP port (taken between `free_port` and the bind)."""
 
@@ -91,9 +139,8 @@ class Server:
             self._log = open(log_path, "wb")
             cmd = [sys.executable, "-m", "sglang_rq.launch_server", "--port", str(self.port),
                    *args]
-            self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                         start_new_session=True,
-                                         env={**os.environ, **(env or {})})
+            self.proc = spawn_session(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                      env={**os.environ, **(env or {})})
             try:
                 self._wait_ready()
                 return
@@ -164,10 +211,5 @@ class Server:
         return ids, margins
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        stop_group(self.proc)
         self._log.close()

@@ -21,6 +21,7 @@ import pytest
 import requests
 import yaml
 
+from sglang_rq.server_process import spawn_session, stop_group
 from tests.server import free_port
 from tests.test_deploy_metrics import (FLAGS, make_checkpoint, sample, scrape, start_servers,
                                       wait_canary)
@@ -47,15 +48,6 @@ def _wait_http(proc: subprocess.Popen, url: str, log_path: Path, *, timeout_s: f
     raise TimeoutError(f"{url} not ready in {timeout_s}s:\n{log_path.read_text()[-3000:]}")
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     ckpt = make_checkpoint(tmp_path_factory.mktemp("ouro-router"))
@@ -68,7 +60,7 @@ def cluster(tmp_path_factory):
             assert wait_canary(w.url).status_code == 200
         port, metrics_port = free_port(), free_port()
         log = open(logs / "router.log", "wb")
-        router = subprocess.Popen(
+        router = spawn_session(
             [sys.executable, "-m", "smg.launch_router", "--host", "127.0.0.1", "--port", str(port),
              "--worker-urls", *[w.url for w in workers], "--policy", "cache_aware",
              "--health-check-endpoint", "/rq/ready", "--health-check-interval-secs", "5",
@@ -76,13 +68,13 @@ def cluster(tmp_path_factory):
              "--worker-startup-check-interval", "2",
              "--retry-max-retries", "4", "--retry-initial-backoff-ms", "100",
              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         _wait_http(router, url + "/v1/models", logs / "router.log", timeout_s=600, poll_s=2)
         yield ckpt, workers, url, f"http://127.0.0.1:{metrics_port}"
     finally:
         if router is not None:
-            _stop(router)
+            stop_group(router)
         if log is not None:
             log.close()
         for w in workers:
@@ -137,15 +129,15 @@ def prometheus(cluster, tmp_path_factory):
     (d / "prometheus.yml").write_text(yaml.safe_dump(cfg))
     port = free_port()
     log = open(d / "prometheus.log", "wb")
-    proc = subprocess.Popen([binary, f"--config.file={d / 'prometheus.yml'}",
+    proc = spawn_session([binary, f"--config.file={d / 'prometheus.yml'}",
                              f"--storage.tsdb.path={d / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                         stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_http(proc, url + "/-/ready", d / "prometheus.log", timeout_s=60, poll_s=0.5)
         yield url
     finally:
-        _stop(proc)
+        stop_group(proc)
         log.close()
 
 

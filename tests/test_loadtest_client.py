@@ -23,7 +23,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -31,6 +30,8 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
+
+from sglang_rq.server_process import spawn_session, stop_group
 
 if find_spec("locust") is None or find_spec("sglang") is None:  # importing locust patches gevent
     pytest.skip("needs locust and sglang: pip install -e '.[deploy]'", allow_module_level=True)
@@ -45,24 +46,13 @@ BENCH_PROMPTS, BENCH_CONCURRENCY, LOCUST_USERS = 8, 4, 4
 def _start(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     """Start ``cmd`` in its own process group, stdout and stderr to ``log``."""
     with open(log, "w") as f:
-        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        return spawn_session(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
 
 
 def _stub(*args: str) -> tuple[subprocess.Popen, str]:
     """Start the stub on a free port; return it and its URL (from its first stdout line)."""
-    proc = subprocess.Popen([sys.executable, "loadtest/stub_server.py", "--port", "0", *args],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = spawn_session([sys.executable, "loadtest/stub_server.py", "--port", "0", *args],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     line = proc.stdout.readline()
     assert line.startswith("stub listening on "), line + proc.stdout.read()
     return proc, line.split()[-1]
@@ -119,7 +109,7 @@ def runs(tmp_path_factory) -> dict:
         bench_result = json.loads(bench_out.read_text().splitlines()[-1])
     finally:
         for proc in (bench, stub, stub2):
-            _stop(proc)
+            stop_group(proc)
     return {"locust": locust, "chunked": chunked, "bench": bench_result}
 
 
