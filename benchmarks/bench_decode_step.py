@@ -39,7 +39,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import graph_ms, realistic_pool  # noqa: E402
-from rq_kernels.commit import ConcurrentCommits, commit  # noqa: E402
+from rq_kernels.commit import commit  # noqa: E402
 from rq_kernels import decode_attention  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
 from sglang_rq.layout import ModelKVShape, bf16_bytes_per_token, kv_bytes_per_token  # noqa: E402
@@ -119,12 +119,9 @@ class BF16Cache:
 
 
 class RQCache:
-    """One compressed view per layer (all loops), random codes and realistic FP8 metadata. As
-    the serving pool does (`RQTokenToKVPool.save`), loop 3 commits before attending, the commit
-    beside the attention on a side stream (joined at the step's last commit), or in line with
-    ``serial_commit`` (the A/B arm of ``--commit-ab``)."""
+    """One compressed view per layer (all loops), random codes and realistic FP8 metadata."""
 
-    def __init__(self, s: Shape, b: int, ctx: int, cfg: RQConfig, serial_commit: bool = False) -> None:
+    def __init__(self, s: Shape, b: int, ctx: int, cfg: RQConfig) -> None:
         rows = b * ctx + b + 1
         self.views = [realistic_pool(cfg, num_loops=s.loops, num_kv_heads=s.heads, head_dim=s.dim,
                                      rows=rows, device=DEV)
@@ -136,21 +133,15 @@ class RQCache:
         self.stage_v = torch.empty_like(self.stage_k)
         self.out = torch.empty(b, s.heads, s.dim, device=DEV, dtype=torch.bfloat16)
         self.s = s
-        self.commits = None if serial_commit or DEV != "cuda" else ConcurrentCommits(torch.device(DEV))
 
     def __call__(self, u, li, q, k, v):
         self.stage_k[u, li].copy_(k)
         self.stage_v[u, li].copy_(v)
+        o = decode_attention(q, k, v, self.views[li], u, self.ind, self.idx,
+                             sm_scale=self.s.dim ** -0.5, out=torch.empty_like(self.out))
         if u == self.s.loops - 1:
-            args = (self.stage_k[:, li], self.stage_v[:, li], self.loc, self.views[li])
-            if self.commits is None or li == self.s.layers - 1:
-                if self.commits is not None:
-                    self.commits.join()
-                commit(*args)
-            else:
-                self.commits.launch(commit, *args)
-        return decode_attention(q, k, v, self.views[li], u, self.ind, self.idx,
-                                sm_scale=self.s.dim ** -0.5, out=torch.empty_like(self.out))
+            commit(self.stage_k[:, li], self.stage_v[:, li], self.loc, self.views[li])
+        return o
 
 
 class NoAttention:
@@ -177,9 +168,6 @@ def main() -> None:
     ap.add_argument("--deadline", type=float, default=500.0)
     ap.add_argument("--margin-gb", type=float, default=8.0, help="GiB kept free on the full card")
     ap.add_argument("--dry-run", action="store_true")
-    ap.add_argument("--commit-ab", action="store_true",
-                    help="only the RQ step with the commit beside the attention vs in line "
-                         "(rq-serial), and BF16, at batch 1 (256, 4k) and 2 (16k)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     s = Shape(a.dry_run)
@@ -200,13 +188,12 @@ def main() -> None:
         if DEV == "cuda":
             torch.cuda.empty_cache()
         cache = (BF16Cache(s, b, ctx) if kind == "bf16" else
-                 NoAttention() if kind == "none" else
-                 RQCache(s, b, ctx, cfg, serial_commit=kind == "rq-serial"))
+                 NoAttention() if kind == "none" else RQCache(s, b, ctx, cfg))
         try:
             ms = time_step(s, W, cache, b)
         finally:
             del cache
-        per = dict(bf16=bf16_tok, rq=rq_tok, none=0).get(kind, rq_tok)
+        per = dict(bf16=bf16_tok, rq=rq_tok, none=0)[kind]
         rec = dict(kind=kind, batch=b, ctx=ctx, label=label, step_ms=ms, tokens_per_s=b / ms * 1e3,
                    kv_gib=per * b * (ctx + 1) / GiB)
         res["runs"].append(rec)
@@ -216,21 +203,6 @@ def main() -> None:
             json.dump(res, f, indent=1)
         return rec
 
-    if a.commit_ab:
-        cases = [(1, 40), (2, 40)] if a.dry_run else [(1, 256), (1, 4096), (2, 16384)]
-        for b, ctx in cases:
-            recs = {kind: run(kind, b, ctx, "commit-ab") for kind in ("rq-serial", "rq", "bf16")}
-            if all(recs.values()):
-                ab = dict(batch=b, ctx=ctx, serial_ms=recs["rq-serial"]["step_ms"],
-                          concurrent_ms=recs["rq"]["step_ms"], bf16_ms=recs["bf16"]["step_ms"])
-                res.setdefault("commit_ab", []).append(ab)
-                print(f"commit-ab b={b} ctx={ctx}: serial/concurrent = "
-                      f"{ab['serial_ms'] / ab['concurrent_ms']:.3f}x; RQ/BF16 tokens/s "
-                      f"{ab['bf16_ms'] / ab['serial_ms']:.3f}x -> "
-                      f"{ab['bf16_ms'] / ab['concurrent_ms']:.3f}x", flush=True)
-        with open(path, "w") as f:
-            json.dump(res, f, indent=1)
-        return
     ctxs = [40] if a.dry_run else [4096, 16384]
     for ctx in ctxs:  # fixed batch 2
         for kind in ("bf16", "rq"):

@@ -135,38 +135,3 @@ def commit(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tensor], loc
              HOIST_R=nterms == 1, PER_LOOP=per_loop, INTERP=interp),
         num_warps=launch.num_warps or chosen.num_warps, enable_fp_fusion=False)
 
-
-
-class ConcurrentCommits:
-    """Commits forked off the caller's stream onto one side stream of ``device``, joined back
-    by `join`: a commit writes pool rows ``loc`` that nothing in the same forward reads (each
-    attention call takes its own forward's tokens as ``k_cur``/``v_cur``; `decode_attention`,
-    `extend_attention`), so it can run beside the attention and the layers after it instead of
-    before them. In a CUDA graph capture the fork and join become graph edges (no host cost on
-    replay). Measured: `benchmarks/bench_decode_step.py --commit-ab`.
-
-    The caller joins before anything reads the committed rows (the pool: at the forward's last
-    commit, so a capture always ends joined)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.stream = torch.cuda.Stream(device)
-        self.device = device
-        self.pending = False
-
-    def launch(self, fn, k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tensor],
-               loc: torch.Tensor, view: CompressedLayerView) -> None:
-        """``fn(k_loops, v_loops, loc, view)`` (`commit` or its twin) on the side stream, after
-        all work queued so far on the caller's stream. The tensors' memory is kept from reuse
-        by the caller's stream until the side stream has read them (``record_stream``)."""
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        for t in (*k_loops, *v_loops, loc):
-            t.record_stream(self.stream)
-        with torch.cuda.stream(self.stream):
-            fn(k_loops, v_loops, loc, view)
-        self.pending = True
-
-    def join(self) -> None:
-        """Make the caller's stream wait for every commit launched so far."""
-        if self.pending:
-            torch.cuda.current_stream(self.device).wait_stream(self.stream)
-            self.pending = False

@@ -36,7 +36,6 @@ import torch
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
 from rq_kernels import prepare_view
-from rq_kernels.commit import ConcurrentCommits
 from rq_kernels.view import CompressedLayerView
 from sglang_rq import dispatch, metrics
 from sglang_rq.clipping import ClipCounter
@@ -187,9 +186,6 @@ class RQTokenToKVPool(MHATokenToKVPool):
                                    num_loops=shape.num_loops, device=dev)
         self.prescale = (Prescale(num_blocks=shape.num_layers + shape.unlooped_layers,
                                   num_kv_heads=h, device=dev) if cfg.prescale else None)
-        # CUDA: commits run beside the attention after them (`save`)
-        dev_t = torch.device(dev)
-        self.rq_commits = ConcurrentCommits(dev_t) if dev_t.type == "cuda" else None
         # Tiny placeholders keep SGLang code that walks k_buffer/v_buffer pointer tables working.
         self.k_buffer = [torch.zeros((self.page_size, h, d), dtype=self.store_dtype, device=dev)
                          for _ in range(self.layer_num)]
@@ -253,10 +249,6 @@ class RQTokenToKVPool(MHATokenToKVPool):
             stored: divided by the slot's prescale (`prescale_attention`).
         loc: ``[num_tokens]`` int64 destination slots (``forward_batch.out_cache_loc``).
 
-        On CUDA a commit other than the forward's last runs on a side stream beside the
-        attention after it (`rq_kernels.commit.ConcurrentCommits`); the last joins them all, and
-        every method here that reads rows outside a forward joins first (`settle`).
-
         Raises
         ------
         RuntimeError
@@ -275,23 +267,11 @@ class RQTokenToKVPool(MHATokenToKVPool):
             return
         staged = bufs.staging[:, layer, :n]  # [G-1, n, 2, H, D]; the commit reads it in place
         dt = staged.dtype
-        args = ([*staged[:, :, 0], k.to(dt)], [*staged[:, :, 1], v.to(dt)], loc, t.view)
-        last = slot == self.layer_num - 1  # the forward's last call: every layer commits by it
-        if self.rq_commits is None or last:
-            self.settle()
-            t.paths.commit.fn(*args)
-        else:  # nothing in this forward reads rows loc: the commit overlaps the attention
-            self.rq_commits.launch(t.paths.commit.fn, *args)
-        if last:
+        t.paths.commit.fn([*staged[:, :, 0], k.to(dt)], [*staged[:, :, 1], v.to(dt)], loc, t.view)
+        if slot == self.layer_num - 1:  # the forward's last call: every layer has committed
             self._count_clipped(loc)
         # NOTE: committed tokens and twin-served forwards are counted by the backends'
         # per-forward hooks, which also run on CUDA-graph replays (this body does not).
-
-    def settle(self) -> None:
-        """Order the caller's stream after every commit launched so far (a no-op on CPU and
-        when none is pending)."""
-        if self.rq_commits is not None:
-            self.rq_commits.join()
 
     def _count_clipped(self, loc: torch.Tensor) -> None:
         """Count the FP8 fields at +-448 (clipped groups) of the forward's tokens ``loc``, every
@@ -322,7 +302,6 @@ class RQTokenToKVPool(MHATokenToKVPool):
     def dequantize(self, slot: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Reconstructed K and V of SGLang layer id ``slot`` at pool rows ``rows`` (``[n]``
         int64): 2x ``[n, H, D]`` fp32."""
-        self.settle()
         t = self.targets[slot]
         k, v = dequantize_rows_reference(t.view, rows, t.pos)
         return (k, v) if self.prescale is None else self.prescale.restore(t.block, k, v)
@@ -341,18 +320,15 @@ class RQTokenToKVPool(MHATokenToKVPool):
 
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
         """Copy compressed rows ``src_loc`` to ``tgt_loc`` for every layer and loop."""
-        self.settle()
         for b in self.rq_buffers():
             b[:, tgt_loc] = b[:, src_loc]
 
     def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None):
         """Compressed rows ``indices`` of every buffer, on the CPU (retraction offload)."""
-        self.settle()
         return [b[:, indices].to("cpu") for b in self.rq_buffers()]
 
     def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None, req_pool_index=None):
         """Inverse of `get_cpu_copy`."""
-        self.settle()
         for b, cpu in zip(self.rq_buffers(), kv_cache_cpu, strict=True):
             b[:, indices] = cpu.to(b.device)
 
