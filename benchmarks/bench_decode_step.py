@@ -10,7 +10,8 @@ omitted, it costs the same on both sides): 96 attention calls per step.
   in place, PyTorch SDPA (FlashAttention) decode.
 * RQ: per layer one compressed view of all 4 loops (the pool's layout, 6,336 B per token and
   layer); loops 0-2 attend with `decode_attention` over the compressed history plus the
-  in-flight token, loop 3 likewise and then `commit` quantizes the token's 4 loops into its row.
+  in-flight token; at loop 3 `commit` first quantizes the token's 4 loops into its row (as the
+  serving pool does), then the attention likewise.
 
 Each step is captured in a CUDA graph and timed with `triton.testing.do_bench` (median).
 Reported: tokens/s = batch / step time at a fixed batch, and at the largest batch whose cache
@@ -137,11 +138,10 @@ class RQCache:
     def __call__(self, u, li, q, k, v):
         self.stage_k[u, li].copy_(k)
         self.stage_v[u, li].copy_(v)
-        o = decode_attention(q, k, v, self.views[li], u, self.ind, self.idx,
-                             sm_scale=self.s.dim ** -0.5, out=torch.empty_like(self.out))
-        if u == self.s.loops - 1:
+        if u == self.s.loops - 1:  # before the attention, as `RQTokenToKVPool.save` runs it
             commit(self.stage_k[:, li], self.stage_v[:, li], self.loc, self.views[li])
-        return o
+        return decode_attention(q, k, v, self.views[li], u, self.ind, self.idx,
+                                sm_scale=self.s.dim ** -0.5, out=torch.empty_like(self.out))
 
 
 class NoAttention:
