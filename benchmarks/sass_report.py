@@ -205,10 +205,11 @@ def compile_cuda(tools: str, cases: list[str]) -> list[dict]:
     rows = []
     for case in cases:
         hq, hkv, dim = CASES[case]
-        for (path, r_bits, coef), (minb, stages) in itertools.product(
+        for (path, r_bits, coef), occ in itertools.product(
                 (("decode residual", 2, 1), ("decode anchor", 0, 0)), OCCUPANCY):
             defines = dict(HEAD_DIM=dim, A_BITS=4, R_BITS=r_bits, GS=32, GQ=hq // hkv,
-                           HAS_COEF=coef, WARPS=WARPS, MINB=minb, STAGES=stages)
+                           HAS_COEF=coef, WARPS=WARPS, MINB=occ.ctas_per_sm,
+                           STAGES=occ.stages, SUBT=occ.subtiles)
             cubin = cuda._compile(text, SOURCE, defines, "sm_90")  # noqa: SLF001 - same cache
             rows.append(dict(case=case, path=path, kernel=KERNEL, options=defines,
                              compiler="nvcc" if cuda.nvcc_path() else "nvrtc",

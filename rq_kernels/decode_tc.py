@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -23,21 +23,33 @@ SOURCE = "rq_decode_tc.cu"
 KERNEL = "rq_decode_tc_split"
 HEAD_DIMS = (64, 96, 128)  # head_dims served; 96 runs as 128 with a padding group (width)
 WARPS = 4  # (split, KV head) units per CTA (one warp each)
-TILE = 16  # history tokens per warp iteration
-# Occupancy shapes, (CTAs per SM = __launch_bounds__ MINB, tiles in flight per warp): 3 CTAs of
-# 2 stages (168 registers) beat 2 CTAs of 3 stages (189 registers) by 4-8 % at batch 2-16 on the
-# H200, and lost 4-10 % where one split per (request, KV head) already fills 2 CTAs per SM
-# (64 x 8k; 55 x 16k): benchmarks/results/h200_2026-12-01c_tc_occupancy_ab.json.
-OCCUPANCY = ((3, 2), (2, 3))
+TILE = 16  # history tokens per tile (one stage of shared memory, the MMAs' M)
 
 
-def tc_occupancy(units: int, num_sms: int) -> tuple[int, int]:
-    """(CTAs per SM, stages) for ``units`` (request, KV head) pairs on ``num_sms`` SMs: 3 CTAs of
+class Occupancy(NamedTuple):
+    """A compiled shape of the split kernel: ``ctas_per_sm`` (``__launch_bounds__`` MINB, so
+    the register cap), ``stages`` (16-token tiles of shared memory per warp) and ``subtiles``
+    (tiles per loop iteration, i.e. per softmax step; ``stages - subtiles`` tiles are in flight
+    while an iteration computes)."""
+
+    ctas_per_sm: int
+    stages: int
+    subtiles: int
+
+
+# 3 CTAs of 2 stages (168 registers) beat 2 CTAs of 3 stages (189 registers) by 4-8 % at batch
+# 2-16 on the H200, and lost 4-10 % where one split per (request, KV head) already fills 2 CTAs
+# per SM (64 x 8k; 55 x 16k): benchmarks/results/h200_2026-12-01c_tc_occupancy_ab.json.
+OCCUPANCY = (Occupancy(3, 2, 1), Occupancy(2, 3, 1))
+
+
+def tc_occupancy(units: int, num_sms: int) -> Occupancy:
+    """The `OCCUPANCY` shape for ``units`` (request, KV head) pairs on ``num_sms`` SMs: 3 CTAs of
     2 stages while that leaves at least two splits per unit in one wave, else 2 CTAs of 3.
     Tuned on the H200 (227 KB of shared memory per SM; a GPU with less may fit only 2 of the
     3-CTA shape, which then keeps its register cap without the occupancy)."""
     three, two = OCCUPANCY
-    return three if WARPS * three[0] * num_sms >= 2 * units else two
+    return three if WARPS * three.ctas_per_sm * num_sms >= 2 * units else two
 
 
 @functools.cache
@@ -54,8 +66,8 @@ def carveout_percent(index: int) -> int | None:
     if not pdl_capable(torch.device("cuda", index)):
         return None
     per_sm = torch.cuda.get_device_properties(index).shared_memory_per_multiprocessor
-    need = max(ctas * (WARPS * stages * stage_bytes(4, 4, 128) + 1024)
-               for ctas, stages in OCCUPANCY)
+    need = max(o.ctas_per_sm * (WARPS * o.stages * stage_bytes(4, 4, 128) + 1024)
+               for o in OCCUPANCY)
     return min(100, -(-100 * need // per_sm))
 
 
@@ -169,28 +181,29 @@ def _tc_unsupported_reason(view: CompressedLayerView, loop_id: int, group: int,
     for t in (ac, aso, rc, rso, cf):  # row offsets are one 32 x 32 -> 64-bit multiply
         if t is not None and (t.shape[0] >= 2**32 or t.stride(0) * t.element_size() >= 2**32):
             return "pool rows or row strides not below 2^32"
-    for ctas_per_sm, stages in OCCUPANCY:
-        defines, smem = _variant(view, loop_id, group, ctas_per_sm, stages)
+    for occupancy in OCCUPANCY:
+        defines, smem = _variant(view, loop_id, group, occupancy)
         why = cuda.load_reason(SOURCE, KERNEL, defines, device, shared_bytes=smem)
         if why is not None:
             return why
     return None
 
 
-def _variant(view: CompressedLayerView, loop_id: int, group: int, ctas_per_sm: int,
-             stages: int) -> tuple[dict[str, int], int]:
+def _variant(view: CompressedLayerView, loop_id: int, group: int,
+             occupancy: Occupancy) -> tuple[dict[str, int], int]:
     """The compile-time defines of the kernel serving ``loop_id`` in one `OCCUPANCY` shape and its
     dynamic shared memory per CTA (bytes)."""
     _, _, _, _, cf, a_bits, r_bits = _loop_tensors(view, loop_id)
     defines = dict(HEAD_DIM=view.head_dim, A_BITS=a_bits, R_BITS=r_bits,
                    GS=view.cfg.group_size, GQ=group, HAS_COEF=int(cf is not None), WARPS=WARPS,
-                   MINB=ctas_per_sm, STAGES=stages)
-    return defines, WARPS * stages * stage_bytes(a_bits, r_bits, view.head_dim)
+                   MINB=occupancy.ctas_per_sm, STAGES=occupancy.stages,
+                   SUBT=occupancy.subtiles)
+    return defines, WARPS * occupancy.stages * stage_bytes(a_bits, r_bits, view.head_dim)
 
 
 def tc_split(q_rot: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
              view: CompressedLayerView, loop_id: int, num_kv_heads: int, qk_scale: float,
-             num_splits: int, occupancy: tuple[int, int], *,
+             num_splits: int, occupancy: Occupancy, *,
              pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the split kernel in the `OCCUPANCY` shape ``occupancy`` (`tc_occupancy`):
     ``q_rot`` ``[B, Hq, head_dim]`` fp32 (rotated basis, contiguous) ->
@@ -205,7 +218,7 @@ def tc_split(q_rot: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Ten
     dev = q_rot.device
     group = HQ // num_kv_heads
     ac, aso, rc, rso, cf, _, _ = _loop_tensors(view, loop_id)
-    defines, smem = _variant(view, loop_id, group, *occupancy)
+    defines, smem = _variant(view, loop_id, group, occupancy)
     fn = cuda.function(SOURCE, KERNEL, defines, dev, shared_bytes=smem,
                        carveout=carveout_percent(dev.index))
     mid_o = torch.empty(B, HQ, num_splits, D, dtype=torch.float32, device=dev)

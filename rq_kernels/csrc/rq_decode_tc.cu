@@ -68,8 +68,8 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 #endif
 }
 
-#if !defined(HEAD_DIM) || !defined(WARPS) || !defined(MINB) || !defined(STAGES)
-#error "HEAD_DIM, WARPS, MINB and STAGES come from the launcher (rq_kernels/decode_tc.py: _variant)"
+#if !defined(HEAD_DIM) || !defined(WARPS) || !defined(MINB) || !defined(STAGES) || !defined(SUBT)
+#error "HEAD_DIM, WARPS, MINB, STAGES and SUBT come from the launcher (rq_kernels/decode_tc.py: _variant)"
 #endif
 #define D (HEAD_DIM == 64 ? 64 : 128)  // the kernel's width (MMA K of the K side, MidO's row)
 #define TILE 16
@@ -89,6 +89,7 @@ static_assert(HEAD_DIM % GS == 0, "GS divides HEAD_DIM");
 static_assert(NG >= 2, "a thread's two K columns (2t, 2t + 1) belong to one head");
 static_assert(HEAD_DIM != 96 || NG == 4, "head_dim 96: three groups of 32 and a padding one");
 static_assert(ROWS <= 8, "GQ * NG <= 8");
+static_assert((SUBT == 1 || SUBT == 2) && STAGES >= 2 * SUBT, "SUBT tiles per iteration, as many in flight");
 
 // (x & mask) | magic in one LOP3: written as PTX with the magic in a register (with two
 // immediates ptxas emits an AND and an OR).
@@ -399,7 +400,8 @@ rq_decode_tc_split(const Args A) {
   const int hk = unit % num_kv_heads, split = unit / num_kv_heads, b = blockIdx.y;
   const int64_t base = A.kv_indptr[b];
   const int seq = A.kv_indptr[b + 1] - (int)base;
-  const int per_split = ((seq + A.num_splits - 1) / A.num_splits + TILE - 1) / TILE * TILE;
+  constexpr int STEP = SUBT * TILE;  // tokens per iteration
+  const int per_split = ((seq + A.num_splits - 1) / A.num_splits + STEP - 1) / STEP * STEP;
   const int lo = split * per_split;
   const int hi = min(lo + per_split, seq);
 
@@ -419,14 +421,21 @@ rq_decode_tc_split(const Args A) {
   extern __shared__ __align__(16) uint8_t smem[];  // [WARPS][STAGES][STAGE_BYTES]
   uint8_t* wsm = smem + warp * (STAGES * STAGE_BYTES);
   const uint32_t wsa = (uint32_t)__cvta_generic_to_shared(wsm);
-  const int ntiles = lo < hi ? (hi - lo + TILE - 1) / TILE : 0;
+  // tiles of this split, rounded up to whole iterations: a tile past hi is copied from pool row 0
+  // (its tokens are masked; row 0 holds finite scales, unlike unwritten shared memory)
+  const int ntiles = lo < hi ? (hi - lo + STEP - 1) / STEP * SUBT : 0;
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
+  for (int s = 0; s < STAGES - SUBT; ++s) {
     if (s < ntiles)
       issue_tile(A, hk, wsa + s * STAGE_BYTES, lane, tile_slot(A, base, lo + s * TILE, hi, lane));
     cp_commit();
   }
-  int64_t pslot = STAGES - 1 < ntiles ? tile_slot(A, base, lo + (STAGES - 1) * TILE, hi, lane) : 0;
+  int64_t pslot[SUBT];  // pool rows of the next tiles to issue (loaded an iteration ahead)
+#pragma unroll
+  for (int u = 0; u < SUBT; ++u) {
+    const int nt = STAGES - SUBT + u;
+    pslot[u] = nt < ntiles ? tile_slot(A, base, lo + nt * TILE, hi, lane) : 0;
+  }
   __syncwarp();
   // the history copies are in flight; the rotated query is the previous kernel's output
   griddep_wait();
@@ -490,19 +499,28 @@ rq_decode_tc_split(const Args A) {
   const int sh_k = (reinterpret_cast<uintptr_t>(A.cf + hk * A.cf_h) & 2) ? 16 : 0;
   const int sh_v = (reinterpret_cast<uintptr_t>(A.cf + hk * A.cf_h + A.cf_kv) & 2) ? 16 : 0;
 #endif
-  for (int it = 0; it < ntiles; ++it) {
-    const int n = lo + it * TILE;
-    const uint8_t* stp = wsm + (it % STAGES) * STAGE_BYTES;
-    cp_wait<STAGES - 2>();
+  // SUBT tiles per iteration: their K phases are independent work between the softmax steps,
+  // which run once per iteration (max, rescale)
+  for (int it = 0; it < ntiles; it += SUBT) {
+    const uint8_t* stps[SUBT];
+#pragma unroll
+    for (int u = 0; u < SUBT; ++u) stps[u] = wsm + ((it + u) % STAGES) * STAGE_BYTES;
+    cp_wait<STAGES - 2 * SUBT>();
     __syncwarp();
-    {
-      const int nt = it + STAGES - 1;
+#pragma unroll
+    for (int u = 0; u < SUBT; ++u) {  // into the stages the previous iteration read
+      const int nt = it + STAGES - SUBT + u;
       if (nt < ntiles)
-        issue_tile(A, hk, wsa + (nt % STAGES) * STAGE_BYTES, lane, pslot);
+        issue_tile(A, hk, wsa + (nt % STAGES) * STAGE_BYTES, lane, pslot[u]);
       cp_commit();
-      pslot = nt + 1 < ntiles ? tile_slot(A, base, lo + (nt + 1) * TILE, hi, lane) : 0;
+      pslot[u] = nt + SUBT < ntiles ? tile_slot(A, base, lo + (nt + SUBT) * TILE, hi, lane) : 0;
     }
 
+    float lg[SUBT][2];
+#pragma unroll
+    for (int u = 0; u < SUBT; ++u) {
+    const uint8_t* stp = stps[u];
+    const int n = lo + (it + u) * TILE;
     // ---- K (tokens on M): X[tok, col] for tokens g, 8 + g and columns 2t, 2t + 1
     float xa[4];
     k_dots<A_BITS>(stp, BA, g, t, qa, magic, xa);
@@ -512,7 +530,6 @@ rq_decode_tc_split(const Args A) {
 #endif
     // ---- logits of head ht for tokens g (j = 0) and 8 + g (j = 1): this thread's two columns,
     // then the head's other columns (NG = 4: the neighbour thread)
-    float lg[2];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int tk = 8 * j + g;
@@ -534,25 +551,31 @@ rq_decode_tc_split(const Args A) {
         acc += col_ok && (HEAD_DIM != 96 || cg + c < NGR) ? v : 0.f;  // 96: not group 3
       }
       if (NG == 4) acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-      lg[j] = (col_ok && n + tk < hi) ? acc * A.qk_scale : -INFINITY;
+      lg[u][j] = (col_ok && n + tk < hi) ? acc * A.qk_scale : -INFINITY;
     }
-    // tile max of head ht over the 16 tokens, then of this thread's V head h
-    float mt = fmaxf(lg[0], lg[1]);
+    }
+    // max of head ht over the iteration's tokens, then of this thread's V head h
+    float mt = fmaxf(lg[0][0], lg[0][1]);
+#pragma unroll
+    for (int u = 1; u < SUBT; ++u) mt = fmaxf(mt, fmaxf(lg[u][0], lg[u][1]));
     mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 4));
     mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 8));
     mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 16));
     mt = __shfl_sync(0xffffffffu, mt, src_t);
     // logits of head h for the V tokens 2t + (i & 1) + 8 (i >> 1), from the threads holding them
-    float qk[4], cvv[4];
+    float qk[SUBT][4], cvv[SUBT][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      qk[i] = __shfl_sync(0xffffffffu, lg[i >> 1], 4 * (2 * t + (i & 1)) + src_t);
-      if (!row_ok || PAD_ROW) qk[i] = -INFINITY;
+    for (int u = 0; u < SUBT; ++u) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        qk[u][i] = __shfl_sync(0xffffffffu, lg[u][i >> 1], 4 * (2 * t + (i & 1)) + src_t);
+        if (!row_ok || PAD_ROW) qk[u][i] = -INFINITY;
 #if HAS_COEF
-      cvv[i] = coef_of(stp, 1, 2 * t + (i & 1) + 8 * (i >> 1), sh_v);
+        cvv[u][i] = coef_of(stps[u], 1, 2 * t + (i & 1) + 8 * (i >> 1), sh_v);
 #else
-      cvv[i] = 1.f;
+        cvv[u][i] = 1.f;
 #endif
+      }
     }
     if (!row_ok) mt = -INFINITY;
     // lazy rescaling: keep the running max unless a row's tile max exceeds it by 2^8
@@ -567,6 +590,9 @@ rq_decode_tc_split(const Args A) {
       m_run = m_new;
     }
 
+#pragma unroll
+    for (int u = 0; u < SUBT; ++u) {
+    const uint8_t* stp = stps[u];
     // ---- weights W = p c s_a (rows 0-7) and p s_r (rows 8-15), as the V MMA's A fragments
     float wa[4];
 #if R_BITS > 0
@@ -574,11 +600,11 @@ rq_decode_tc_split(const Args A) {
 #endif
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float p = qk[i] == -INFINITY ? 0.f : exp2f(qk[i] - m_run);
+      const float p = qk[u][i] == -INFINITY ? 0.f : exp2f(qk[u][i] - m_run);
       const int tk = 2 * t + (i & 1) + 8 * (i >> 1);
       const float2 sa = fp8x2(so_pair(stp, 1, tk, PAD_ROW ? 0 : grp, so_offset(A, hk, 1)));
-      wa[i] = p * cvv[i] * sa.x;
-      float off = cvv[i] * sa.y;
+      wa[i] = p * cvv[u][i] * sa.x;
+      float off = cvv[u][i] * sa.y;
 #if R_BITS > 0
       const float2 sr = fp8x2(so_pair(stp, 3, tk, PAD_ROW ? 0 : grp, so_offset(A, hk, 3)));
       wr[i] = p * sr.x;
@@ -630,6 +656,7 @@ rq_decode_tc_split(const Args A) {
 #pragma unroll
       for (int l = 0; l < NT; ++l) mma_bf16(cv[l], 0u, wr01, 0u, wr89, u01[l], u89[l]);
 #endif
+    }
     }
   }
 

@@ -66,8 +66,8 @@ def test_stage_bytes_mirror_matches_the_cuda_source():
 
 
 VARIANTS = [dict(HEAD_DIM=hd, A_BITS=a, R_BITS=r, GS=gs, GQ=gq, HAS_COEF=coef, WARPS=WARPS,
-                 MINB=minb, STAGES=stages)
-            for hd, a, r, gs, gq, coef, (minb, stages) in itertools.product(
+                 MINB=minb, STAGES=stages, SUBT=subt)
+            for hd, a, r, gs, gq, coef, (minb, stages, subt) in itertools.product(
                 HEAD_DIMS, (2, 4), (0, 2, 4), (32, 64), (1, 2, 3, 4), (0, 1), OCCUPANCY)
             if hd % gs == 0 and width(hd) // gs >= 2 and gq * width(hd) // gs <= 8
             and not (coef and r == 0 and a == 2)]
@@ -86,7 +86,7 @@ def test_the_variants_cover_every_head_dim():
 @pytest.mark.skipif(cuda.nvrtc_path() is None, reason="libnvrtc not installed")
 @pytest.mark.parametrize(
     "defines", VARIANTS[::5] + [VARIANTS[-1]] + SHAPES,
-    ids=lambda d: "d{HEAD_DIM}a{A_BITS}r{R_BITS}g{GS}q{GQ}c{HAS_COEF}m{MINB}".format(**d))
+    ids=lambda d: "d{HEAD_DIM}a{A_BITS}r{R_BITS}g{GS}q{GQ}c{HAS_COEF}m{MINB}t{SUBT}".format(**d))
 def test_every_requested_variant_compiles(defines):
     cubin = cuda.compile_nvrtc(TEXT, SOURCE, defines, "sm_90")
     assert cubin[:4] == b"\x7fELF"
@@ -123,10 +123,12 @@ def test_no_working_compiler_is_an_error_naming_both(tmp_path, monkeypatch):
 def test_occupancy_shape_follows_the_wave():
     """3 CTAs of 4 warps per SM while two splits per (request, KV head) fit one wave, else 2:
     on 132 SMs a wave of 3-CTA programs is 4 * 3 * 132 = 1,584 warps, i.e. 792 units."""
-    assert tc_occupancy(16 * 49, 132) == (3, 2)  # 784 units
-    assert tc_occupancy(792, 132) == (3, 2)
-    assert tc_occupancy(793, 132) == (2, 3)
-    assert tc_occupancy(16 * 64, 132) == (2, 3)  # 64 x 8k of the benchmark: one split each
+    three, two = OCCUPANCY
+    assert three.ctas_per_sm == 3 and two.ctas_per_sm == 2
+    assert tc_occupancy(16 * 49, 132) == three  # 784 units
+    assert tc_occupancy(792, 132) == three
+    assert tc_occupancy(793, 132) == two
+    assert tc_occupancy(16 * 64, 132) == two  # 64 x 8k of the benchmark: one split each
 
 
 def _cuda_header() -> str | None:
