@@ -39,13 +39,19 @@ class Occupancy(NamedTuple):
 
 # 3 CTAs of 2 stages (168 registers) beat 2 CTAs of 3 stages (189 registers) by 4-8 % at batch
 # 2-16 on the H200, and lost 4-10 % where one split per (request, KV head) already fills 2 CTAs
-# per SM (64 x 8k; 55 x 16k): benchmarks/results/h200_2026-12-01c_tc_occupancy_ab.json.
-OCCUPANCY = (Occupancy(3, 2, 1), Occupancy(2, 3, 1))
+# per SM (64 x 8k; 55 x 16k): benchmarks/results/h200_2026-12-01c_tc_occupancy_ab.json. The
+# 2-CTA shape runs 32-token iterations over 4 stages (~200 registers): 1.03-1.12x faster than 16
+# with 3 stages at every point that picks it (Ouro 64 x 8k, 55 x 16k, 128 x 4k; Huginn 64 x 8k,
+# 40 x 16k; SmolLM2 320 x 4k), the 3-CTA shape unchanged under the larger carveout (0.99-1.00x);
+# 32-token iterations at 3 CTAs (4 stages, ~100 % carveout, 4-byte spills) were 1.16-1.39x
+# slower (SmolLM2 16 x 16k: 0.98x)
+# (2026-12-02f, benchmarks/results/h200_2026-12-02f_tc_hybrid_ab.json, ..._tc_subtiles_ab.json).
+OCCUPANCY = (Occupancy(3, 2, 1), Occupancy(2, 4, 2))
 
 
 def tc_occupancy(units: int, num_sms: int) -> Occupancy:
-    """The `OCCUPANCY` shape for ``units`` (request, KV head) pairs on ``num_sms`` SMs: 3 CTAs of
-    2 stages while that leaves at least two splits per unit in one wave, else 2 CTAs of 3.
+    """The `OCCUPANCY` shape for ``units`` (request, KV head) pairs on ``num_sms`` SMs: the 3-CTA
+    shape while that leaves at least two splits per unit in one wave, else the 2-CTA one.
     Tuned on the H200 (227 KB of shared memory per SM; a GPU with less may fit only 2 of the
     3-CTA shape, which then keeps its register cap without the occupancy)."""
     three, two = OCCUPANCY
@@ -57,7 +63,8 @@ def carveout_percent(index: int) -> int | None:
     """The preferred shared-memory carveout (percent of the SM's shared memory) of the split
     kernel and of the query rotation and merge launched around it on CUDA device ``index``: the
     least that holds the largest variant's `OCCUPANCY` shape (4-bit anchor and residual at width
-    128, plus the 1 KB the driver reserves per CTA; 50 % on the H200). Programmatically dependent
+    128, plus the 1 KB the driver reserves per CTA; 66 % on the H200: 50 % before the 2-CTA shape
+    took 4 stages, which left the 3-CTA shape's speed unchanged). Programmatically dependent
     CTAs can share an SM only if their kernels prefer the same carveout; left to the driver,
     the split kernel launched as a dependent of the rotation ran 1.1-1.3x slower at batch >= 2
     (12-02, `benchmarks/results/h200_2026-12-02e_decode_pdl_ab.json`), as it does with the

@@ -21,9 +21,10 @@ import pytest
 import torch
 from attn_cases import build, history, queries
 
+from rq_kernels import decode as rq_decode
 from rq_kernels import decode_attention, unsupported_reason
 from rq_kernels.decode import DecodeLaunch, fma_unsupported_reason
-from rq_kernels.decode_tc import tc_unsupported_reason
+from rq_kernels.decode_tc import OCCUPANCY, tc_unsupported_reason
 from rq_kernels.testing import attention_errors, sdpa_bf16, within_policy
 from sglang_rq.config import RQConfig
 from sglang_rq.reference import decode_attention_reference
@@ -157,9 +158,15 @@ TC_CASES = [  # the tensor-core CUDA split kernel, forced, on awkward sizes and 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", range(len(OCCUPANCY)), ids=lambda i: "ctas{}_subtiles{}".format(
+    OCCUPANCY[i].ctas_per_sm, OCCUPANCY[i].subtiles))
 @pytest.mark.parametrize("name,cfg,loops,hkv,group,dim,lens,rot,loop_ids", TC_CASES,
                          ids=[c[0] for c in TC_CASES])
-def test_decode_tc_kernel(name, cfg, loops, hkv, group, dim, lens, rot, loop_ids, device):
+def test_decode_tc_kernel(name, cfg, loops, hkv, group, dim, lens, rot, loop_ids, shape, device,
+                          monkeypatch):
+    """Each compiled shape (`decode_tc.OCCUPANCY`: 16- and 32-token iterations), forced: the
+    batches here are far below the units that pick the 2-CTA shape."""
+    monkeypatch.setattr(rq_decode, "tc_occupancy", lambda units, num_sms: OCCUPANCY[shape])
     _run(cfg, loops, hkv, group, dim, lens, rot, loop_ids, device, seed=23,
          launch=DecodeLaunch(split_kernel="tc"))
     _run(cfg, loops, hkv, group, dim, lens, rot, loop_ids, device, seed=24,
