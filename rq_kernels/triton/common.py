@@ -220,20 +220,31 @@ def rotate_rows(x, rot_base, s_term, s_row, TERMS: tl.constexpr, TRANSPOSE: tl.c
     """``x [M, DP] @ R`` (or ``R^T``) with ``R = sum_t terms[t]``, terms bf16 ``[DP, DP]`` rows
     ``s_row`` apart, ``s_term`` between terms. ``x`` is bf16-exact unless SPLIT_X (then it is
     split into bf16 hi + lo parts, ~2^-17 relative). Returns fp32 ``[M, DP]``."""
-    i = tl.arange(0, DP)
-    if TRANSPOSE:
-        offs = i[None, :] * s_row + i[:, None]
-    else:
-        offs = i[:, None] * s_row + i[None, :]
-    xh = to_bf16(x, INTERP)
-    if SPLIT_X:
-        xl = to_bf16(x - xh.to(tl.float32), INTERP)
     acc = tl.zeros([x.shape[0], DP], dtype=tl.float32)
     for t in tl.static_range(TERMS):
-        r = tl.load(rot_base + t * s_term + offs)
-        acc += mma(xh, r, INTERP)
-        if SPLIT_X:
-            acc += mma(xl, r, INTERP)
+        acc += rotate_rows_by(x, rotation_term(rot_base + t * s_term, s_row, TRANSPOSE, DP),
+                              SPLIT_X, INTERP)
+    return acc
+
+
+@triton.jit
+def rotation_term(term_base, s_row, TRANSPOSE: tl.constexpr, DP: tl.constexpr):
+    """One bf16 rotation term ``[DP, DP]`` (rows ``s_row`` apart), transposed if TRANSPOSE."""
+    i = tl.arange(0, DP)
+    if TRANSPOSE:
+        return tl.load(term_base + i[None, :] * s_row + i[:, None])
+    else:
+        return tl.load(term_base + i[:, None] * s_row + i[None, :])
+
+
+@triton.jit
+def rotate_rows_by(x, r, SPLIT_X: tl.constexpr, INTERP: tl.constexpr):
+    """``x [M, DP] @ r`` for one loaded term ``r`` (`rotation_term`), fp32; SPLIT_X as in
+    `rotate_rows`."""
+    xh = to_bf16(x, INTERP)
+    acc = mma(xh, r, INTERP)
+    if SPLIT_X:
+        acc += mma(to_bf16(x - xh.to(tl.float32), INTERP), r, INTERP)
     return acc
 
 

@@ -24,6 +24,7 @@ import triton.language as tl
 
 from rq_kernels.triton.common import (
     codes_to_f16, gqa_rows, load_rows, load_scale_offset_raw, mma, pdl_wait, rotate_rows,
+    rotate_rows_by, rotation_term,
     split_range, split_scale_offset, to_bf16,
 )
 
@@ -178,9 +179,24 @@ def rq_decode_merge_kernel(
     rows and many splits per iteration. The un-rotation runs on tensor cores over at least 16
     rows: BLOCK_M < 16 rows are repeated ROW_REPS times (the copies are not stored). PDL
     (launched as a programmatic dependent, sm_90+): the program starts while the split kernel
-    runs and waits for it before reading anything."""
+    runs, loads what the split kernel does not write (the query, the in-flight token, a one-term
+    rotation), then waits for it before reading its output."""
     hk, r_mask, b, hq = gqa_rows(batch_rows, GQ, BLOCK_M, 1)
     d = tl.arange(0, DP)
+    # before the wait, what the split kernel does not write: the in-flight token's logit (rows
+    # repeated ROW_REPS times, as the un-rotation takes them) and a one-term rotation
+    # (signed Hadamard), loaded while the split kernel runs
+    _, r_mask2, b2, hq2 = gqa_rows(batch_rows, GQ, BLOCK_M, ROW_REPS)
+    dm = r_mask2[:, None] & (d[None, :] < D)
+    q = tl.load(Q + b2[:, None] * s_qb + hq2[:, None] * s_qh + d[None, :], mask=dm,
+                other=0.0).to(tl.float32)
+    kc = tl.load(Kc + b2[:, None] * s_kb + hk * s_kh + d[None, :], mask=dm,
+                 other=0.0).to(tl.float32)
+    vc = tl.load(Vc + b2[:, None] * s_vb + hk * s_vh + d[None, :], mask=dm,
+                 other=0.0).to(tl.float32)
+    s_cur = tl.sum(q * kc, axis=1) * qk_scale
+    if HAS_ROT and TERMS == 1:
+        r_term = rotation_term(Rot + hk * s_rhead, s_rrow, True, DP)
     pdl_wait(PDL)
     mid = (b * GQ * tl.num_programs(0) + hq).to(tl.int64) * num_splits  # [BLOCK_M], 64-bit
     m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -208,23 +224,17 @@ def rq_decode_merge_kernel(
                            [ROW_REPS * BLOCK_M])
         l_run = tl.reshape(tl.broadcast_to(l_run[None, :], [ROW_REPS, BLOCK_M]),
                            [ROW_REPS * BLOCK_M])
-        hk, r_mask, b, hq = gqa_rows(batch_rows, GQ, BLOCK_M, ROW_REPS)
     if HAS_ROT:  # back to the original basis: acc R^T
-        acc = rotate_rows(acc, Rot + hk * s_rhead, s_rterm, s_rrow, TERMS, True, True, DP,
-                          INTERP) * alpha
-    dm = r_mask[:, None] & (d[None, :] < D)
-    q = tl.load(Q + b[:, None] * s_qb + hq[:, None] * s_qh + d[None, :], mask=dm,
-                other=0.0).to(tl.float32)
-    kc = tl.load(Kc + b[:, None] * s_kb + hk * s_kh + d[None, :], mask=dm,
-                 other=0.0).to(tl.float32)
-    vc = tl.load(Vc + b[:, None] * s_vb + hk * s_vh + d[None, :], mask=dm,
-                 other=0.0).to(tl.float32)
-    s_cur = tl.sum(q * kc, axis=1) * qk_scale
+        if TERMS == 1:
+            acc = rotate_rows_by(acc, r_term, True, INTERP) * alpha
+        else:
+            acc = rotate_rows(acc, Rot + hk * s_rhead, s_rterm, s_rrow, TERMS, True, True, DP,
+                              INTERP) * alpha
     m_new = tl.maximum(m_run, s_cur)
     a_old = tl.exp2(m_run - m_new)
     p_cur = tl.exp2(s_cur - m_new)
     acc = acc * a_old[:, None] + vc * p_cur[:, None]
     l_run = l_run * a_old + p_cur
     out = acc / l_run[:, None]
-    tl.store(Out + b[:, None] * s_ob + hq[:, None] * s_oh + d[None, :],
+    tl.store(Out + b2[:, None] * s_ob + hq2[:, None] * s_oh + d[None, :],
              to_bf16(out, INTERP), mask=dm)
