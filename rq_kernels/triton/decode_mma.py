@@ -163,6 +163,19 @@ def rq_decode_mma_split_kernel(
 
 
 @triton.jit
+def _in_flight(Q, s_qb, s_qh, Kc, s_kb, s_kh, Vc, s_vb, s_vh, b, hq, hk, dm, d, qk_scale):
+    """The in-flight token of rows ``(b, hq)``: its logit ``q.k_cur * qk_scale`` (log2 units)
+    ``[rows]`` and ``v_cur`` ``[rows, DP]``, fp32."""
+    q = tl.load(Q + b[:, None] * s_qb + hq[:, None] * s_qh + d[None, :], mask=dm,
+                other=0.0).to(tl.float32)
+    kc = tl.load(Kc + b[:, None] * s_kb + hk * s_kh + d[None, :], mask=dm,
+                 other=0.0).to(tl.float32)
+    vc = tl.load(Vc + b[:, None] * s_vb + hk * s_vh + d[None, :], mask=dm,
+                 other=0.0).to(tl.float32)
+    return tl.sum(q * kc, axis=1) * qk_scale, vc
+
+
+@triton.jit
 def rq_decode_merge_kernel(
     Q, s_qb, s_qh, Kc, s_kb, s_kh, Vc, s_vb, s_vh,  # [B, Hq, D], [B, Hkv, D] x2
     MidO, MidML,  # [B, Hq, S, DP] fp32, [B, Hq, S, 2] fp32
@@ -179,24 +192,20 @@ def rq_decode_merge_kernel(
     rows and many splits per iteration. The un-rotation runs on tensor cores over at least 16
     rows: BLOCK_M < 16 rows are repeated ROW_REPS times (the copies are not stored). PDL
     (launched as a programmatic dependent, sm_90+): the program starts while the split kernel
-    runs, loads what the split kernel does not write (the query, the in-flight token, a one-term
-    rotation), then waits for it before reading its output."""
+    runs and, for a few rows, loads what the split kernel does not write (the in-flight token, a
+    one-term rotation) before it waits for the split kernel's output."""
     hk, r_mask, b, hq = gqa_rows(batch_rows, GQ, BLOCK_M, 1)
     d = tl.arange(0, DP)
-    # before the wait, what the split kernel does not write: the in-flight token's logit (rows
-    # repeated ROW_REPS times, as the un-rotation takes them) and a one-term rotation
-    # (signed Hadamard), loaded while the split kernel runs
     _, r_mask2, b2, hq2 = gqa_rows(batch_rows, GQ, BLOCK_M, ROW_REPS)
     dm = r_mask2[:, None] & (d[None, :] < D)
-    q = tl.load(Q + b2[:, None] * s_qb + hq2[:, None] * s_qh + d[None, :], mask=dm,
-                other=0.0).to(tl.float32)
-    kc = tl.load(Kc + b2[:, None] * s_kb + hk * s_kh + d[None, :], mask=dm,
-                 other=0.0).to(tl.float32)
-    vc = tl.load(Vc + b2[:, None] * s_vb + hk * s_vh + d[None, :], mask=dm,
-                 other=0.0).to(tl.float32)
-    s_cur = tl.sum(q * kc, axis=1) * qk_scale
-    if HAS_ROT and TERMS == 1:
-        r_term = rotation_term(Rot + hk * s_rhead, s_rrow, True, DP)
+    if ROW_REPS > 1:
+        # few rows (a short split loop): what the split kernel does not write (the in-flight
+        # token, a one-term rotation) is loaded before the wait, while the split kernel runs
+        # (at 12 rows of 64 it made the program 1.1x slower: then it is loaded after the loop)
+        s_cur, vc = _in_flight(Q, s_qb, s_qh, Kc, s_kb, s_kh, Vc, s_vb, s_vh, b2, hq2, hk, dm, d,
+                               qk_scale)
+        if HAS_ROT and TERMS == 1:
+            r_term = rotation_term(Rot + hk * s_rhead, s_rrow, True, DP)
     pdl_wait(PDL)
     mid = (b * GQ * tl.num_programs(0) + hq).to(tl.int64) * num_splits  # [BLOCK_M], 64-bit
     m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -225,11 +234,14 @@ def rq_decode_merge_kernel(
         l_run = tl.reshape(tl.broadcast_to(l_run[None, :], [ROW_REPS, BLOCK_M]),
                            [ROW_REPS * BLOCK_M])
     if HAS_ROT:  # back to the original basis: acc R^T
-        if TERMS == 1:
+        if ROW_REPS > 1 and TERMS == 1:
             acc = rotate_rows_by(acc, r_term, True, INTERP) * alpha
         else:
             acc = rotate_rows(acc, Rot + hk * s_rhead, s_rterm, s_rrow, TERMS, True, True, DP,
                               INTERP) * alpha
+    if ROW_REPS == 1:
+        s_cur, vc = _in_flight(Q, s_qb, s_qh, Kc, s_kb, s_kh, Vc, s_vb, s_vh, b2, hq2, hk, dm, d,
+                               qk_scale)
     m_new = tl.maximum(m_run, s_cur)
     a_old = tl.exp2(m_run - m_new)
     p_cur = tl.exp2(s_cur - m_new)
