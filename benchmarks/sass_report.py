@@ -196,7 +196,8 @@ def compile_cuda(tools: str, cases: list[str]) -> list[dict]:
     """The CUDA tensor-core decode kernel's variants of the default format for each case's shape
     (head_dim, query heads per KV head): compiled for sm_90 as `rq_kernels.cuda` would (nvcc,
     else NVRTC), read with ``cuobjdump`` from ``tools``. Codes per thread per loop iteration:
-    16 tokens x head_dim x (K, V) x (anchor, residual) / 32 lanes (head_dim 96 runs 128 wide)."""
+    16 tokens x subtiles x head_dim x (K, V) x (anchor, residual) / 32 lanes (head_dim 96 runs
+    128 wide)."""
     sys.path.insert(0, ROOT)
     from rq_kernels import cuda
     from rq_kernels.decode_tc import KERNEL, OCCUPANCY, SOURCE, WARPS
@@ -213,7 +214,7 @@ def compile_cuda(tools: str, cases: list[str]) -> list[dict]:
             cubin = cuda._compile(text, SOURCE, defines, "sm_90")  # noqa: SLF001 - same cache
             rows.append(dict(case=case, path=path, kernel=KERNEL, options=defines,
                              compiler="nvcc" if cuda.nvcc_path() else "nvrtc",
-                             codes_per_iter=16 * dim * 2 * (2 if r_bits else 1) // 32,
+                             codes_per_iter=16 * occ.subtiles * dim * 2 * (2 if r_bits else 1) // 32,
                              **_cubin_stats(cubin, tools)))
     return rows
 
