@@ -26,7 +26,8 @@
 //
 // Compile-time parameters (nvcc -D...): HEAD_DIM (64, 96, 128), A_BITS (2, 4), R_BITS (0, 2,
 // 4), GS (32, 64; 32 at head_dim 64 and 96), GQ (query heads per KV head, GQ * D / GS <= 8),
-// HAS_COEF (0, 1), WARPS (per CTA), MINB (CTAs per SM), STAGES (tiles in flight per warp).
+// HAS_COEF (0, 1), WARPS (per CTA), MINB (CTAs per SM), STAGES (16-token tiles of shared
+// memory per warp), SUBT (tiles per loop iteration, i.e. per softmax step; STAGES >= 2 SUBT).
 // The kernel's width D is HEAD_DIM rounded up to a power of two (64 or 128). head_dim 96 runs as
 // 128: a fourth, padding group whose query is zero (K) and whose outputs are written as 0 (V);
 // only the 96 elements' bytes are copied (the padding's shared memory is never written: any
@@ -215,7 +216,8 @@ struct Args {
   int num_qo_heads;
 };
 
-// ---- shared-memory pipeline: each warp streams its split through STAGES tiles in flight.
+// ---- shared-memory pipeline: each warp streams its split through STAGES tile stages, SUBT
+// consumed per iteration while STAGES - SUBT are in flight.
 // A stage holds one tile's raw bytes, gathered by cp.async from the pool rows of its 16 tokens:
 //   K anchor codes [16][BA] | V anchor codes [16][BA] | K residual [16][BR] | V residual [16][BR]
 //   | (scale, offset) rows [4 kinds][16][8] (K anchor, V anchor, K residual, V residual)
@@ -232,7 +234,7 @@ struct Args {
 #define OFF_SO (2 * TILE * (BA + BR))
 #define OFF_CF (OFF_SO + 4 * TILE * 8)
 #define STAGE_BYTES (OFF_CF + 2 * TILE * 4)
-// WARPS (per CTA), STAGES (tiles in flight per warp) and MINB (CTAs per SM, __launch_bounds__)
+// WARPS (per CTA), STAGES (tile stages per warp) and MINB (CTAs per SM, __launch_bounds__)
 // come from the launcher, which passes WARPS * STAGES * STAGE_BYTES of dynamic shared memory.
 static_assert(SB >= 4, "cp.async copies at least 4 bytes");
 
