@@ -109,7 +109,7 @@ def runs(tmp_path_factory) -> dict:
         bench_result = json.loads(bench_out.read_text().splitlines()[-1])
     finally:
         for proc in (bench, stub, stub2):
-            stop_group(proc)
+            stop_group(proc, timeout_s=10.0)
     return {"locust": locust, "chunked": chunked, "bench": bench_result}
 
 
