@@ -9,9 +9,10 @@ omitted, it costs the same on both sides): 96 attention calls per step.
 * BF16: per (loop, layer) a contiguous ``[B, 16, C + 1, 128]`` K/V cache, the new token written
   in place, PyTorch SDPA (FlashAttention) decode.
 * RQ: per layer one compressed view of all 4 loops (the pool's layout, 6,336 B per token and
-  layer); loops 0-2 attend with `decode_attention` over the compressed history plus the
-  in-flight token; at loop 3 `commit` first quantizes the token's 4 loops into its row (as the
-  serving pool does), then the attention likewise.
+  layer, the layers' views slices of shared buffers as in the pool); every loop attends with
+  `decode_attention` over the compressed history plus the in-flight token; after loop 3's last
+  layer `commit_layers` quantizes the token's 4 loops into its row of every layer in one launch
+  (as the serving pool does for a decode step).
 
 Each step is captured in a CUDA graph and timed with `triton.testing.do_bench` (median).
 Reported: tokens/s = batch / step time at a fixed batch, and at the largest batch whose cache
@@ -25,6 +26,7 @@ printed and recorded (``parts_*``). Writes DIR/bench_decode_step.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -40,8 +42,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import graph_ms, realistic_pool  # noqa: E402
-from rq_kernels.commit import commit  # noqa: E402
-from rq_kernels import decode_attention  # noqa: E402
+from rq_kernels import commit_layers, decode_attention, prepare_layers  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
 from sglang_rq.layout import ModelKVShape, bf16_bytes_per_token, kv_bytes_per_token  # noqa: E402
 
@@ -124,9 +125,11 @@ class RQCache:
 
     def __init__(self, s: Shape, b: int, ctx: int, cfg: RQConfig) -> None:
         rows = b * ctx + b + 1
-        self.views = [realistic_pool(cfg, num_loops=s.loops, num_kv_heads=s.heads, head_dim=s.dim,
-                                     rows=rows, device=DEV)
-                      for _ in range(s.layers)]
+        whole = realistic_pool(cfg, num_loops=s.loops, num_kv_heads=s.heads, head_dim=s.dim,
+                               rows=rows * s.layers, device=DEV)
+        self.views = [layer_rows(whole, slice(li * rows, (li + 1) * rows))
+                      for li in range(s.layers)]
+        prepare_layers(self.views)
         self.ind = torch.arange(b + 1, device=DEV, dtype=torch.int32) * ctx
         self.idx = torch.arange(1, b * ctx + 1, device=DEV, dtype=torch.int64)
         self.loc = torch.arange(b * ctx + 1, b * ctx + 1 + b, device=DEV, dtype=torch.int64)
@@ -138,10 +141,17 @@ class RQCache:
     def __call__(self, u, li, q, k, v):
         self.stage_k[u, li].copy_(k)
         self.stage_v[u, li].copy_(v)
-        if u == self.s.loops - 1:  # before the attention, as `RQTokenToKVPool.save` runs it
-            commit(self.stage_k[:, li], self.stage_v[:, li], self.loc, self.views[li])
+        if u == self.s.loops - 1 and li == self.s.layers - 1:  # as `RQTokenToKVPool.save` does
+            commit_layers(self.stage_k, self.stage_v, self.loc, self.views)
         return decode_attention(q, k, v, self.views[li], u, self.ind, self.idx,
                                 sm_scale=self.s.dim ** -0.5, out=torch.empty_like(self.out))
+
+
+def layer_rows(view, rows: slice):
+    """``view`` restricted to pool rows ``rows`` (a layer of `RQCache`'s shared buffers)."""
+    return dataclasses.replace(view, codes=[c[rows] for c in view.codes],
+                               scale_offset=[m if m is None else m[rows] for m in view.scale_offset],
+                               coef=[f if f is None else f[rows] for f in view.coef])
 
 
 class NoAttention:

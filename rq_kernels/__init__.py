@@ -1,6 +1,7 @@
 """Triton kernels of the ResidualQuant KV cache (DESIGN.md section 4).
 
-* `commit` -- quantize all loops of new tokens into the compressed pool (one launch per layer);
+* `commit` -- quantize all loops of new tokens into the compressed pool (one launch per layer;
+  `commit_layers`: several layers of one pool in one launch);
 * `decode_attention` -- fused split-K decode attention over anchor + residual, plus the
   in-flight token;
 * `extend_attention` -- compressed prefix + causal BF16 chunk (prefill / chunked prefill).
@@ -11,10 +12,12 @@ ValueError for a format the kernels do not cover; the serving package decides wh
 runs (`sglang_rq.dispatch`). This package imports nothing from the serving package.
 """
 
-from rq_kernels._host import kernel_device_reason, prepare_view, unsupported_reason
-from rq_kernels.commit import commit
+from rq_kernels._host import (
+    kernel_device_reason, prepare_layers, prepare_view, unsupported_reason,
+)
+from rq_kernels.commit import commit, commit_layers
 from rq_kernels.decode import decode_attention
 from rq_kernels.extend import extend_attention
 
-__all__ = ["commit", "decode_attention", "extend_attention", "kernel_device_reason",
-           "prepare_view", "unsupported_reason"]
+__all__ = ["commit", "commit_layers", "decode_attention", "extend_attention",
+           "kernel_device_reason", "prepare_layers", "prepare_view", "unsupported_reason"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -176,29 +177,10 @@ def require_kernel(launcher: str, why: str | None, kernel, *tensors: torch.Tenso
                          "sglang_rq.reference instead)")
 
 
-def rotation_terms(view: CompressedLayerView, padded_dim: int, device: torch.device
-                   ) -> tuple[torch.Tensor, float, int]:
-    """The view's rotation in the kernels' form: ``R = alpha * sum(terms)`` with bf16 ``terms
-    [TERMS, H, DP, DP]`` (zero padded to ``padded_dim``).
-
-    A matrix whose entries all have one magnitude (Hadamard, signed Hadamard: ``+-1/sqrt(D)``)
-    is ``alpha * sign(R)``, one exact bf16 term; any other matrix is split hi/mid/lo (3 terms,
-    24 mantissa bits, exact fp32). Multiplying a bf16 vector by the terms on tensor cores then
-    gives fp32-accurate rotations. Built once per view (`prepare_view`, which the serving pool
-    calls when it builds its views) and kept in ``view.kernel_rotation``; building it syncs, so
-    a view not prepared must see one eager call before CUDA-graph capture. Returns a 1-element
-    dummy when the view has no rotation (also kept, so no launch allocates it again).
-    """
-    key = (padded_dim, str(torch.device(device)))
-    hit = view.kernel_rotation.get(key)
-    if hit is not None:
-        return hit
-    if view.rotation is None:
-        out = torch.zeros(1, dtype=torch.bfloat16, device=device), 1.0, 1
-        view.kernel_rotation[key] = out
-        return out
-    r = view.rotation.detach().to(device=device, dtype=torch.float32)
-    h, d, _ = r.shape
+def _split_terms(r: torch.Tensor, padded_dim: int) -> tuple[torch.Tensor, float, int]:
+    """``r [..., D, D]`` fp32 as ``alpha * sum(terms)``, bf16 ``terms [TERMS, ..., DP, DP]``
+    (`rotation_terms`)."""
+    d = r.shape[-1]
     mag = r.abs()
     alpha = float(mag.flatten()[0])
     if alpha > 0 and bool((mag == alpha).all()):
@@ -209,12 +191,59 @@ def rotation_terms(view: CompressedLayerView, padded_dim: int, device: torch.dev
             p = rest.to(torch.bfloat16)
             parts.append(p.float())
             rest = rest - p.float()
-    terms = torch.zeros(len(parts), h, padded_dim, padded_dim, dtype=torch.bfloat16, device=device)
+    terms = torch.zeros(len(parts), *r.shape[:-2], padded_dim, padded_dim, dtype=torch.bfloat16,
+                        device=r.device)
     for t, p in enumerate(parts):
-        terms[t, :, :d, :d] = p.to(torch.bfloat16)
-    out = (terms, alpha, len(parts))
+        terms[t, ..., :d, :d] = p.to(torch.bfloat16)
+    return terms, alpha, len(parts)
+
+
+def rotation_terms(view: CompressedLayerView, padded_dim: int, device: torch.device
+                   ) -> tuple[torch.Tensor, float, int]:
+    """The view's rotation in the kernels' form: ``R = alpha * sum(terms)`` with bf16 ``terms
+    [TERMS, H, DP, DP]`` (zero padded to ``padded_dim``).
+
+    A matrix whose entries all have one magnitude (Hadamard, signed Hadamard: ``+-1/sqrt(D)``)
+    is ``alpha * sign(R)``, one exact bf16 term; any other matrix is split hi/mid/lo (3 terms,
+    24 mantissa bits, exact fp32). Multiplying a bf16 vector by the terms on tensor cores then
+    gives fp32-accurate rotations. Built once per view (`prepare_view`, or for the layers of one
+    pool `prepare_layers`, which the serving pool calls when it builds its views) and kept in
+    ``view.kernel_rotation``; building it syncs, so a view not prepared must see one eager call
+    before CUDA-graph capture. Returns a 1-element dummy when the view has no rotation (also
+    kept, so no launch allocates it again).
+    """
+    key = (padded_dim, str(torch.device(device)))
+    hit = view.kernel_rotation.get(key)
+    if hit is not None:
+        return hit
+    if view.rotation is None:
+        out = torch.zeros(1, dtype=torch.bfloat16, device=device), 1.0, 1
+    else:
+        out = _split_terms(view.rotation.detach().to(device=device, dtype=torch.float32),
+                           padded_dim)
     view.kernel_rotation[key] = out
     return out
+
+
+def prepare_layers(views: Sequence[CompressedLayerView]) -> None:
+    """`prepare_view` for the layers of one pool (one format, rotations of one shape): their
+    rotation terms become slices ``[TERMS, H, DP, DP]`` of one ``[layers, TERMS, H, DP, DP]``
+    tensor, evenly spaced as `rq_kernels.commit.commit_layers` needs (one term for all layers
+    when every layer's matrix has entries of one magnitude, else three)."""
+    views = list(views)
+    if not views or views[0].rotation is None:
+        for view in views:
+            prepare_view(view)
+        return
+    dp, dev = next_pow2(views[0].head_dim), views[0].rotation.device
+    r = torch.stack([v.rotation.detach().to(device=dev, dtype=torch.float32) for v in views])
+    terms, alpha, nterms = _split_terms(r, dp)  # [TERMS, layers, H, DP, DP]
+    stacked = terms.transpose(0, 1).contiguous()
+    key = (dp, str(torch.device(dev)))
+    for view, t in zip(views, stacked):
+        view.kernel_rotation[key] = (t, alpha, nterms)
+        for k in [k for k in view.launch_cache if k[0] == "rotation_args"]:
+            del view.launch_cache[k]
 
 
 def rotation_args(view: CompressedLayerView, padded_dim: int, device: torch.device

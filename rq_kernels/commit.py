@@ -1,4 +1,5 @@
-"""Launcher of the commit kernel (quantize all loops of new tokens into the compressed pool)."""
+"""Launchers of the commit kernel (quantize all loops of new tokens into the compressed pool):
+`commit` (one layer), `commit_layers` (several layers of one pool in one launch)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from rq_kernels._host import (
-    cdiv, check_view, interpreting, launch_kernel, next_pow2, require_kernel, rotation_args, strides3,
-    unsupported_reason,
+    cdiv, check_view, interpreting, launch_kernel, next_pow2, prepare_layers, require_kernel,
+    rotation_args, rotation_terms, strides3, unsupported_reason,
 )
 from rq_kernels.triton.commit import rq_commit_kernel
 
@@ -55,8 +56,8 @@ def commit(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tensor], loc
     """Compress every loop of ``num_tokens`` tokens and write them to pool rows ``loc``.
 
     Same signature and semantics as `sglang_rq.reference.commit_reference` (its twin). One
-    launch per layer: grid ``(cdiv(num_tokens, block_t), num_kv_heads, 2)``, or ``2 *
-    num_loops`` on the last axis for a few tokens (`default_launch`).
+    launch: grid ``(cdiv(num_tokens, block_t), num_kv_heads, 2)``, or ``2 * num_loops`` on the
+    last axis for a few tokens (`default_launch`).
 
     Parameters
     ----------
@@ -85,19 +86,106 @@ def commit(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tensor], loc
     Note
     ----
     Codes equal the twin's except where fp32 rounding ties differ (see
-    tests/kernels/test_commit.py). CUDA-graph safe once the view is prepared (`rq_kernels.prepare_view`) or after one eager call.
+    tests/kernels/test_commit.py). CUDA-graph safe once the view is prepared
+    (`rq_kernels.prepare_view`) or after one eager call.
     """
-    ks, vs = tuple(k_loops), tuple(v_loops)
+    _commit([k[None] for k in k_loops], [v[None] for v in v_loops], loc, [view], launch)
+
+
+def commit_layers(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tensor],
+                  loc: torch.Tensor, views: Sequence[CompressedLayerView], *,
+                  launch: CommitLaunch | None = None) -> None:
+    """`commit` of the same tokens into several layers of one pool in one launch (a decode
+    step commits every layer at once: one launch instead of one per layer, each a ~12 us
+    latency chain on the H200 at a few tokens, docs/kernels.md "Commit in a decode step").
+
+    Same semantics as `sglang_rq.reference.commit_layers_reference` (its twin, `commit` per
+    layer). Grid ``(cdiv(num_tokens, block_t), num_layers * num_kv_heads, 2 or 2 * num_loops)``.
+
+    Parameters
+    ----------
+    k_loops, v_loops:
+        ``num_loops`` tensors ``[num_layers, num_tokens, num_kv_heads, head_dim]``,
+        ``torch.bfloat16``, last dim contiguous, any layer, token and head strides.
+    loc:
+        ``[num_tokens]``, ``torch.int64``: destination rows, the same in every layer.
+    views:
+        ``num_layers`` views of one format whose tensors are layers of shared buffers: each
+        tensor of ``views[l]`` lies ``l`` layer strides after ``views[0]``'s, with equal shapes
+        and strides (the serving pool's views; `prepare_layers` lays their rotation terms out
+        the same way, and is called here, syncing, when they are not).
+    launch:
+        As for `commit`.
+
+    Raises
+    ------
+    ValueError
+        As for `commit`, and when the views' tensors are not evenly spaced layers of shared
+        buffers.
+    """
+    _commit(k_loops, v_loops, loc, list(views), launch)
+
+
+def _layer_stride(ts: Sequence[torch.Tensor | None], what: str) -> int:
+    """Elements between consecutive layers' tensors ``ts`` (0 for one layer or None)."""
+    t0 = ts[0]
+    if len(ts) == 1 or t0 is None:
+        return 0
+    step = ts[1].data_ptr() - t0.data_ptr()
+    if step % t0.element_size() or any(
+            t is None or t.shape != t0.shape or t.stride() != t0.stride() or t.dtype != t0.dtype
+            or t.data_ptr() - t0.data_ptr() != i * step for i, t in enumerate(ts)):
+        raise ValueError(f"commit_layers: the views' {what} are not evenly spaced layers of one "
+                         "buffer (equal shapes and strides)")
+    return step // t0.element_size()
+
+
+def _pool_layer_strides(views: list[CompressedLayerView], dp: int, dev: torch.device
+                        ) -> tuple[list[int], list[int], list[int], int]:
+    """Layer strides of the views' codes, scale_offset and coef per loop and of their rotation
+    terms; kept in ``views[0].launch_cache`` with the views they were computed for."""
+    key = ("layer_strides", len(views), dp, dev)
+    hit = views[0].launch_cache.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], views)):
+        return hit[1]
+    for v in views[1:]:
+        if v.segments != views[0].segments or v.cfg != views[0].cfg:
+            raise ValueError("commit_layers: the views' formats differ")
+        check_view(v, dev)
+    n = len(views[0].segments)
+    codes = [_layer_stride([v.codes[i] for v in views], f"codes[{i}]") for i in range(n)]
+    so = [_layer_stride([v.scale_offset[i] for v in views], f"scale_offset[{i}]")
+          for i in range(n)]
+    coef = [_layer_stride([v.coef[i] for v in views], f"coef[{i}]") for i in range(n)]
+    rot = 0
+    if views[0].rotation is not None and len(views) > 1:
+        terms = [rotation_terms(v, dp, dev)[0] for v in views]
+        try:
+            rot = _layer_stride(terms, "rotation terms")
+        except ValueError:
+            prepare_layers(views)
+            rot = _layer_stride([rotation_terms(v, dp, dev)[0] for v in views], "rotation terms")
+    out = (codes, so, coef, rot)
+    views[0].launch_cache[key] = (tuple(views), out)
+    return out
+
+
+def _commit(ks: Sequence[torch.Tensor], vs: Sequence[torch.Tensor], loc: torch.Tensor,
+            views: list[CompressedLayerView], launch: CommitLaunch | None) -> None:
+    ks, vs = tuple(ks), tuple(vs)
     assert ks and len(ks) == len(vs), f"{len(ks)} K and {len(vs)} V loops: need one or more each"
+    assert views, "no layer to commit"
+    view = views[0]
     require_kernel("commit", unsupported_reason(view), rq_commit_kernel, ks[0])
-    L, (T, H, D) = len(ks), ks[0].shape
+    L, (NL, T, H, D) = len(ks), ks[0].shape
     dev = ks[0].device
     for i, (k, v) in enumerate(zip(ks, vs)):
-        assert k.shape == v.shape == (T, H, D) and k.device == v.device == dev, (
+        assert k.shape == v.shape == (NL, T, H, D) and k.device == v.device == dev, (
             f"loop {i}: K {tuple(k.shape)} on {k.device} and V {tuple(v.shape)} on {v.device} "
-            f"must be [{T}, {H}, {D}] on {dev}")
+            f"must be [{NL}, {T}, {H}, {D}] on {dev}")
         assert k.dtype == v.dtype == torch.bfloat16, f"K/V must be bf16, got {k.dtype}/{v.dtype}"
         assert k.stride(-1) == v.stride(-1) == 1, f"loop {i}: K/V last dim must be contiguous"
+    assert NL == len(views), f"K/V of {NL} layers for {len(views)} views"
     assert L == len(view.segments) and D == view.head_dim, (
         f"{L} K and {len(vs)} V loops of head_dim {D} do not match the view "
         f"({len(view.segments)} loops, head_dim {view.head_dim})")
@@ -109,29 +197,30 @@ def commit(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tensor], loc
     cfg = view.cfg
     glen = cfg.group_len(L)
     dp = next_pow2(D)
-    rot, nterms = rotation_args(view, dp, dev)
+    l_codes, l_so, l_coef, l_rot = _pool_layer_strides(views, dp, dev)
+    (terms, s_rterm, s_rhead, s_rrow, alpha), nterms = rotation_args(view, dp, dev)
     dummy = view.codes[view.segments[0].base]
     codes = tuple(c if s.bits > 0 else dummy for c, s in zip(view.codes, view.segments))
     scale_offset = tuple(m if m is not None else dummy for m in view.scale_offset)
     coef = tuple(f if f is not None else dummy for f in view.coef)
-    s_codes = sum((strides3(c if s.bits > 0 else None) for c, s in zip(view.codes, view.segments)),
-                  ())
-    s_scale_offset = sum((strides3(m) for m in view.scale_offset), ())
-    s_coef = sum((strides3(f) for f in view.coef), ())
+    s_codes = sum(((ls, *strides3(c if s.bits > 0 else None))
+                   for ls, c, s in zip(l_codes, view.codes, view.segments)), ())
+    s_scale_offset = sum(((ls, *strides3(m)) for ls, m in zip(l_so, view.scale_offset)), ())
+    s_coef = sum(((ls, *strides3(f)) for ls, f in zip(l_coef, view.coef)), ())
     chosen = default_launch(T)
     launch = launch or chosen
     block_t = launch.block_t or chosen.block_t
     per_loop = chosen.per_loop if launch.per_loop is None else launch.per_loop
-    grid = (cdiv(T, block_t), H, 2 * L if per_loop else 2)
+    grid = (cdiv(T, block_t), NL * H, 2 * L if per_loop else 2)
     interp = interpreting(rq_commit_kernel)
-    s_kv = sum(((k.stride(0), k.stride(1), v.stride(0), v.stride(1)) for k, v in zip(ks, vs)), ())
+    s_kv = sum((k.stride()[:3] + v.stride()[:3] for k, v in zip(ks, vs)), ())
     launch_kernel(
         rq_commit_kernel, grid,
-        (ks, vs, s_kv, loc, T, codes, s_codes, scale_offset, s_scale_offset, coef, s_coef, *rot),
+        (ks, vs, s_kv, loc, T, H, codes, s_codes, scale_offset, s_scale_offset, coef, s_coef,
+         terms, l_rot, s_rterm, s_rhead, s_rrow, alpha),
         dict(NUM_LOOPS=L, GROUP_LEN=glen, ANCHOR_POS=0 if cfg.anchor == "first" else glen - 1,
              BITS=tuple(s.bits for s in view.segments), LSQ=cfg.lsq,
              HAS_ROT=view.rotation is not None, TERMS=nterms, D=D, DP=dp, G=cfg.group_size,
              NG=D // cfg.group_size, NGP=dp // cfg.group_size, BLOCK_T=block_t,
              HOIST_R=nterms == 1, PER_LOOP=per_loop, INTERP=interp),
         num_warps=launch.num_warps or chosen.num_warps, enable_fp_fusion=False)
-

@@ -29,6 +29,7 @@ forward a twin serves in ``sglang_rq_fallbacks_total{path}`` (`KernelPaths.count
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,14 +38,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rq_kernels import (
-    commit, cpu_attention, decode_attention, extend_attention, kernel_device_reason,
-    unsupported_reason,
+    commit, commit_layers, cpu_attention, decode_attention, extend_attention,
+    kernel_device_reason, unsupported_reason,
 )
 from rq_kernels.decode import fma_unsupported_reason
 from rq_kernels.decode_tc import tc_unsupported_reason
 from sglang_rq import metrics
 from sglang_rq.reference import (
-    commit_reference, decode_attention_reference, extend_attention_reference,
+    commit_layers_reference, commit_reference, decode_attention_reference,
+    extend_attention_reference,
 )
 
 if TYPE_CHECKING:
@@ -97,6 +99,9 @@ class KernelPath:
     impl: str
     reason: str
     fn: Callable[..., Any]
+    fn_layers: Callable[..., Any] | None = None
+    """commit only: ``(k_loops, v_loops, loc, views)``, several layers of one pool at once
+    (`rq_kernels.commit_layers`; the C library and the twin commit layer by layer)."""
 
     @property
     def is_twin(self) -> bool:
@@ -198,18 +203,23 @@ def _resolve_triton(view: CompressedLayerView, dev: torch.device,
     else:
         decode = KernelPath("decode", "triton", f"decode tc: {tc_why}; fma: {fma_why}",
                             decode_attention)
-    return KernelPaths(commit=KernelPath("commit", "triton", "", commit), decode=decode,
+    return KernelPaths(commit=KernelPath("commit", "triton", "", commit, commit_layers),
+                       decode=decode,
                        extend=KernelPath("extend", "triton", "", extend_attention))
 
 
 def _pick(path: str, impl: str, fn: Callable[..., Any], why: str | None) -> KernelPath:
-    return KernelPath(path, impl, "", fn) if why is None else _twin(path, why)
+    if why is not None:
+        return _twin(path, why)
+    layers = functools.partial(commit_layers_reference, commit_fn=fn) if path == "commit" else None
+    return KernelPath(path, impl, "", fn, layers)
 
 
 def _twin(path: str, why: str) -> KernelPath:
     fn = {"commit": commit_reference, "decode": decode_attention_reference,
           "extend": extend_attention_reference}[path]
-    return KernelPath(path, TWIN, why, fn)
+    return KernelPath(path, TWIN, why, fn, commit_layers_reference if path == "commit" else None)
+
 
 
 # ----------------------------------------------------------------------------- adapters

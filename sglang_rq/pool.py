@@ -12,7 +12,10 @@ compressed row of a layer holds every loop):
 * ``coef[i]``   ``[L, rows, 2, H]`` bf16 — least-squares coefficient c_i, residual loops,
 * ``staging``   ``[G-1, L, staging_tokens, 2, H, D]`` model dtype — the in-flight K/V of the
   earlier loops of the current forward (G = loops per anchor group), committed when the group's
-  last loop reaches the layer,
+  last loop reaches the layer; a forward of at most ``staging_tokens / 2`` tokens (a decode
+  step) parks the last loop's K/V in the last staged loop's final rows instead, and the
+  group's last loop at the stack's last layer commits every layer in one launch
+  (`rq_kernels.commit_layers`: one launch per step instead of one per layer),
 * ``rotation``  ``[L, H, D, D]`` fp32 or None.
 
 ``targets`` maps every SGLang layer id (slot, `layout.ModelKVShape.slot_places`) to its stack,
@@ -35,7 +38,7 @@ import torch
 
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-from rq_kernels import prepare_view
+from rq_kernels import prepare_layers
 from rq_kernels.view import CompressedLayerView
 from sglang_rq import dispatch, metrics
 from sglang_rq.clipping import ClipCounter
@@ -111,6 +114,10 @@ class StackBuffers:
         return [b for bufs in (self.codes, self.scale_offset, self.coef) for b in bufs
                 if b is not None]
 
+    def layer_views(self, grp: int) -> list[CompressedLayerView]:
+        """Loop group ``grp``'s view of every layer, layer order (`rq_kernels.commit_layers`)."""
+        return [views[grp] for views in self.group_views]
+
 
 @dataclasses.dataclass(frozen=True)
 class SlotTarget:
@@ -167,9 +174,8 @@ class RQTokenToKVPool(MHATokenToKVPool):
             bufs.kernel_paths = dispatch.resolve(bufs.group_views[0][0], device=dev,
                                                  request=self.rq_kernels)
             if any(p.impl.startswith("triton") for p in bufs.kernel_paths):
-                for views in bufs.group_views:  # the kernels' rotation form, once, before capture
-                    for view in views:
-                        prepare_view(view)
+                for grp in range(len(bufs.group_views[0])):  # the kernels' rotation form, once,
+                    prepare_layers(bufs.layer_views(grp))    # before capture
         self.targets = []
         blocks: dict[str, dict[int, int]] = {name: {} for name in self.stacks}
         for place in shape.slot_places():
@@ -240,7 +246,11 @@ class RQTokenToKVPool(MHATokenToKVPool):
     # ------------------------------------------------------------------ write path
     def save(self, slot: int, k: torch.Tensor, v: torch.Tensor, loc: torch.Tensor) -> None:
         """Stage (earlier loops of a group) or commit (the group's last loop; an un-looped
-        layer at once) the forward's K/V of SGLang layer id ``slot``.
+        layer at once) the forward's K/V of SGLang layer id ``slot``. A forward of at most
+        ``staging_tokens / 2`` tokens stages the group's last loop too and commits all layers
+        at the stack's last layer (module docstring): the attention never reads the forward's
+        own rows from the pool (its history excludes the in-flight tokens), so a commit may
+        come any time before the next forward.
 
         Parameters
         ----------
@@ -262,12 +272,25 @@ class RQTokenToKVPool(MHATokenToKVPool):
                 "or raise --rq-staging-tokens")
         t = self.targets[slot]
         bufs, layer = t.bufs, t.layer
+        s_tok = self.rq_staging_tokens
         if t.pos < bufs.group_len - 1:  # [n, 2, H, D], contiguous: one launch writes K and V
             torch.stack([k, v], dim=1, out=bufs.staging[t.pos, layer, :n])
             return
-        staged = bufs.staging[:, layer, :n]  # [G-1, n, 2, H, D]; the commit reads it in place
-        dt = staged.dtype
-        t.paths.commit.fn([*staged[:, :, 0], k.to(dt)], [*staged[:, :, 1], v.to(dt)], loc, t.view)
+        if bufs.group_len > 1 and 2 * n <= s_tok:
+            # the group's last loop waits at the end of the last staged loop's rows, and the
+            # stack's last layer commits every layer in one launch (slots run layer-fastest)
+            torch.stack([k, v], dim=1, out=bufs.staging[-1, layer, s_tok - n:])
+            if layer == bufs.stack.shape.num_layers - 1:
+                staged = bufs.staging[:, :, :n]  # [G-1, L, n, 2, H, D]
+                last = bufs.staging[-1, :, s_tok - n:]  # [L, n, 2, H, D]
+                t.paths.commit.fn_layers([*staged[:, :, :, 0], last[:, :, 0]],
+                                         [*staged[:, :, :, 1], last[:, :, 1]], loc,
+                                         bufs.layer_views(t.loop // bufs.group_len))
+        else:
+            staged = bufs.staging[:, layer, :n]  # [G-1, n, 2, H, D]; the commit reads it in place
+            dt = staged.dtype
+            t.paths.commit.fn([*staged[:, :, 0], k.to(dt)], [*staged[:, :, 1], v.to(dt)], loc,
+                              t.view)
         if slot == self.layer_num - 1:  # the forward's last call: every layer has committed
             self._count_clipped(loc)
         # NOTE: committed tokens and twin-served forwards are counted by the backends'

@@ -22,7 +22,7 @@ Storage per (token, K-or-V, head) and loop, as `layout.loop_segments` sizes it: 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -299,6 +299,17 @@ def commit_reference(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Te
             view.scale_offset[i][loc] = st.scale_offset.to(view.scale_offset[i].device)
         if view.coef[i] is not None:
             view.coef[i][loc] = st.coef.to(view.coef[i].device)
+
+
+def commit_layers_reference(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tensor],
+                            loc: torch.Tensor, views: Sequence[CompressedLayerView], *,
+                            commit_fn: Callable[..., None] | None = None) -> None:
+    """Twin of `rq_kernels.commit.commit_layers`: ``commit_fn`` (default `commit_reference`) of
+    layer ``l``'s K/V (``k_loops[i][l]``, each ``[num_layers, num_tokens, num_kv_heads,
+    head_dim]``) into ``views[l]``, for every layer."""
+    commit_fn = commit_fn or commit_reference
+    for layer, view in enumerate(views):
+        commit_fn([k[layer] for k in k_loops], [v[layer] for v in v_loops], loc, view)
 
 
 def gather_rows(view: CompressedLayerView, slots: torch.Tensor, kv: int) -> list[StoredLoop]:

@@ -105,11 +105,14 @@ def test_pool_allocates_exactly_bytes_per_token_times_rows():
                device="cpu", enable_memory_saver=False)
     assert pool.compressed_nbytes() == kv_bytes_per_token(shape, cfg) * (37 + 1)
     assert pool.fixed_nbytes() == staging_bytes(shape, cfg, staging_tokens=20) + 3 * 2 * 64 * 64 * 4
-    # Stage loops 0..2, commit with loop 3, read back: loop 3 is the INT4 anchor (~10% error).
+    # A forward saves every slot: loops 0..2 are staged, loop 3 commits (a forward of at most
+    # staging/2 tokens commits every layer at the last layer). Read back layer 1: loop 3 is the
+    # INT4 anchor (~10% error).
     k = torch.randn(5, 2, 64, dtype=torch.bfloat16)
     loc = torch.tensor([3, 4, 5, 6, 7])
     for loop in range(4):
-        pool.save(kv_slot(loop, 1, 3), k * (loop + 1) / 4, -k, loc)
+        for layer in range(3):
+            pool.save(kv_slot(loop, layer, 3), k * (loop + 1) / 4 * (layer == 1), -k, loc)
     kh, vh = pool.dequantize(kv_slot(3, 1, 3), loc)
     assert ((kh - k.float()).norm() / k.float().norm()) < 0.12
     assert ((vh + k.float()).norm() / k.float().norm()) < 0.12

@@ -1,6 +1,6 @@
 """Commit kernel: quantize all loops of a block of tokens x one KV head into pool rows.
 
-One program = ``BLOCK_T`` tokens x one KV head x K-or-V. Per loop group (``GROUP_LEN`` loops with
+One program = ``BLOCK_T`` tokens x one (layer, KV head) x K-or-V. Per loop group (``GROUP_LEN`` loops with
 the anchor at ``ANCHOR_POS``): rotate, anchor quantize, then every other loop of the group gets its
 LSQ coefficient, residual, quantization and packing. Operation order follows
 `sglang_rq.reference.encode` (fp32, IEEE division, no FMA contraction: launch with
@@ -95,20 +95,20 @@ def _store_loop(q, scale, off, loc, t_mask, codes, s_code, scale_offset, s_scale
 
 
 @triton.jit
-def _load_loop(K, V, SKV, kv, loop: tl.constexpr, head, tok, t_mask, rot, s_rterm, s_rrow, alpha,
-               rmat, D: tl.constexpr, DP: tl.constexpr, HAS_ROT: tl.constexpr,
+def _load_loop(K, V, SKV, kv, loop: tl.constexpr, layer, head, tok, t_mask, rot, s_rterm, s_rrow,
+               alpha, rmat, D: tl.constexpr, DP: tl.constexpr, HAS_ROT: tl.constexpr,
                TERMS: tl.constexpr, HOIST_R: tl.constexpr, INTERP: tl.constexpr):
-    """Loop ``loop``'s ``[BLOCK_T, DP]`` K (``kv`` 0) or V rows, rotated (fp32). With HOIST_R
-    the single bf16 rotation term ``rmat`` was loaded once per program; otherwise the terms are
-    read here."""
+    """Loop ``loop``'s ``[BLOCK_T, DP]`` K (``kv`` 0) or V rows of ``layer``, rotated (fp32).
+    With HOIST_R the single bf16 rotation term ``rmat`` was loaded once per program; otherwise
+    the terms are read here."""
     d = tl.arange(0, DP)
     mask = t_mask[:, None] & (d[None, :] < D)
     if kv == 0:
-        x = tl.load(K[loop] + tok[:, None] * SKV[4 * loop] + head * SKV[4 * loop + 1]
-                    + d[None, :], mask=mask, other=0.0)
+        x = tl.load(K[loop] + layer * SKV[6 * loop] + tok[:, None] * SKV[6 * loop + 1]
+                    + head * SKV[6 * loop + 2] + d[None, :], mask=mask, other=0.0)
     else:
-        x = tl.load(V[loop] + tok[:, None] * SKV[4 * loop + 2] + head * SKV[4 * loop + 3]
-                    + d[None, :], mask=mask, other=0.0)
+        x = tl.load(V[loop] + layer * SKV[6 * loop + 3] + tok[:, None] * SKV[6 * loop + 4]
+                    + head * SKV[6 * loop + 5] + d[None, :], mask=mask, other=0.0)
     if HAS_ROT and HOIST_R:
         return mma(to_bf16(x, INTERP), rmat, INTERP) * alpha
     elif HAS_ROT:
@@ -118,7 +118,7 @@ def _load_loop(K, V, SKV, kv, loop: tl.constexpr, head, tok, t_mask, rot, s_rter
 
 
 @triton.jit
-def _commit_anchor(K, V, SKV, Codes, SCodes, ScaleOffset, SScaleOffset, kv, head, loc, tok,
+def _commit_anchor(K, V, SKV, Codes, SCodes, ScaleOffset, SScaleOffset, kv, layer, head, loc, tok,
                    t_mask, store_mask, rot, s_rterm, s_rrow, alpha, rmat, A: tl.constexpr,
                    BITS: tl.constexpr,
                    HAS_ROT: tl.constexpr, TERMS: tl.constexpr, D: tl.constexpr,
@@ -127,71 +127,76 @@ def _commit_anchor(K, V, SKV, Codes, SCodes, ScaleOffset, SScaleOffset, kv, head
                    INTERP: tl.constexpr):
     """Quantize anchor loop ``A`` and store the rows of ``store_mask``; returns the dequantized
     anchor ``[BLOCK_T, DP]``."""
-    xa = _load_loop(K, V, SKV, kv, A, head, tok, t_mask, rot, s_rterm, s_rrow, alpha, rmat, D,
-                    DP, HAS_ROT, TERMS, HOIST_R, INTERP)
+    xa = _load_loop(K, V, SKV, kv, A, layer, head, tok, t_mask, rot, s_rterm, s_rrow, alpha,
+                    rmat, D, DP, HAS_ROT, TERMS, HOIST_R, INTERP)
     qa, sa, oa = _quantize(xa, (1 << BITS[A]) - 1, BLOCK_T, NGP, G, INTERP)
     _store_loop(qa, sa, oa, loc, store_mask,
-                Codes[A] + kv * SCodes[3 * A + 1] + head * SCodes[3 * A + 2], SCodes[3 * A],
-                ScaleOffset[A] + kv * SScaleOffset[3 * A + 1] + head * SScaleOffset[3 * A + 2],
-                SScaleOffset[3 * A],
+                Codes[A] + layer * SCodes[4 * A] + kv * SCodes[4 * A + 2]
+                + head * SCodes[4 * A + 3], SCodes[4 * A + 1],
+                ScaleOffset[A] + layer * SScaleOffset[4 * A] + kv * SScaleOffset[4 * A + 2]
+                + head * SScaleOffset[4 * A + 3], SScaleOffset[4 * A + 1],
                 BITS[A], D, NG, BLOCK_T, DP, NGP)
     return _dequantize(qa, sa, oa, BLOCK_T, NGP, G)
 
 
 @triton.jit
-def _commit_residual(K, V, SKV, Codes, SCodes, ScaleOffset, SScaleOffset, Coef, SCoef, kv, head,
-                     loc, tok, t_mask, rot, s_rterm, s_rrow, alpha, rmat, ahat, den,
+def _commit_residual(K, V, SKV, Codes, SCodes, ScaleOffset, SScaleOffset, Coef, SCoef, kv, layer,
+                     head, loc, tok, t_mask, rot, s_rterm, s_rrow, alpha, rmat, ahat, den,
                      I: tl.constexpr, BITS: tl.constexpr, LSQ: tl.constexpr,
                      HAS_ROT: tl.constexpr, TERMS: tl.constexpr, D: tl.constexpr,
                      DP: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr,
                      BLOCK_T: tl.constexpr, HOIST_R: tl.constexpr,
                      INTERP: tl.constexpr):
     """LSQ coefficient, residual against ``ahat``, quantize and store loop ``I``."""
-    xi = _load_loop(K, V, SKV, kv, I, head, tok, t_mask, rot, s_rterm, s_rrow, alpha, rmat, D,
-                    DP, HAS_ROT, TERMS, HOIST_R, INTERP)
+    xi = _load_loop(K, V, SKV, kv, I, layer, head, tok, t_mask, rot, s_rterm, s_rrow, alpha,
+                    rmat, D, DP, HAS_ROT, TERMS, HOIST_R, INTERP)
     if LSQ:
         c = to_bf16(tl.div_rn(tl.sum(xi * ahat, axis=1), den), INTERP)
-        cptr = Coef[I] + kv * SCoef[3 * I + 1] + head * SCoef[3 * I + 2]
-        tl.store(cptr + loc * SCoef[3 * I], c, mask=t_mask)
+        cptr = Coef[I] + layer * SCoef[4 * I] + kv * SCoef[4 * I + 2] + head * SCoef[4 * I + 3]
+        tl.store(cptr + loc * SCoef[4 * I + 1], c, mask=t_mask)
         r = xi - c.to(tl.float32)[:, None] * ahat
     else:
         r = xi - ahat
     if BITS[I] > 0:
         qr, sr, orr = _quantize(r, (1 << BITS[I]) - 1, BLOCK_T, NGP, G, INTERP)
         _store_loop(qr, sr, orr, loc, t_mask,
-                    Codes[I] + kv * SCodes[3 * I + 1] + head * SCodes[3 * I + 2], SCodes[3 * I],
-                    ScaleOffset[I] + kv * SScaleOffset[3 * I + 1]
-                    + head * SScaleOffset[3 * I + 2], SScaleOffset[3 * I],
+                    Codes[I] + layer * SCodes[4 * I] + kv * SCodes[4 * I + 2]
+                    + head * SCodes[4 * I + 3], SCodes[4 * I + 1],
+                    ScaleOffset[I] + layer * SScaleOffset[4 * I] + kv * SScaleOffset[4 * I + 2]
+                    + head * SScaleOffset[4 * I + 3], SScaleOffset[4 * I + 1],
                     BITS[I], D, NG, BLOCK_T, DP, NGP)
 
 
 @triton.jit
 def rq_commit_kernel(
-    K, V, SKV,  # L-tuples of [T, H, D] bf16, last dim contiguous; (token, head) strides of
-    #            K[0], V[0], K[1], ... flattened
-    Loc, num_tokens,  # [T] int64
-    # per-loop tuples; strides flattened (row, kv, head)
+    K, V, SKV,  # loop tuples of [layers, T, H, D] bf16, last dim contiguous; (layer, token,
+    #            head) strides of K[0], V[0], K[1], ... flattened
+    Loc, num_tokens, num_heads,  # [T] int64
+    # per-loop tuples of layer 0's tensors; strides flattened (layer, row, kv, head)
     Codes, SCodes, ScaleOffset, SScaleOffset, Coef, SCoef,
-    Rot, s_rterm, s_rhead, s_rrow, alpha,  # [TERMS, H, DP, DP] bf16, R = alpha * sum(terms)
+    Rot, s_rlayer, s_rterm, s_rhead, s_rrow, alpha,  # [layers, TERMS, H, DP, DP] bf16,
+    #                                                  R = alpha * sum(terms)
     NUM_LOOPS: tl.constexpr, GROUP_LEN: tl.constexpr, ANCHOR_POS: tl.constexpr,
     BITS: tl.constexpr, LSQ: tl.constexpr, HAS_ROT: tl.constexpr, TERMS: tl.constexpr,
     D: tl.constexpr, DP: tl.constexpr, G: tl.constexpr, NG: tl.constexpr, NGP: tl.constexpr,
     BLOCK_T: tl.constexpr, HOIST_R: tl.constexpr, PER_LOOP: tl.constexpr,
     INTERP: tl.constexpr,
 ):
-    """Grid ``(cdiv(num_tokens, BLOCK_T), H, 2)``: a program quantizes every loop of its tokens'
-    K (axis 2 = 0) or V. With PER_LOOP, grid ``(..., H, 2 * NUM_LOOPS)``: program ``(.., kv +
-    2 * i)`` stores loop ``i`` only, re-quantizing its group's anchor (not stored unless ``i`` is
-    the anchor) so that a few tokens (decode) take one anchor and one residual of latency
-    instead of a whole loop group's."""
+    """Grid ``(cdiv(num_tokens, BLOCK_T), layers * H, 2)``: a program quantizes every loop of its
+    tokens' K (axis 2 = 0) or V of one (layer, KV head), KV head fastest. With PER_LOOP, grid
+    ``(..., layers * H, 2 * NUM_LOOPS)``: program ``(.., kv + 2 * i)`` stores loop ``i`` only,
+    re-quantizing its group's anchor (not stored unless ``i`` is the anchor) so that a few
+    tokens (decode) take one anchor and one residual of latency instead of a whole loop
+    group's."""
     pid_t = tl.program_id(0)
-    head = tl.program_id(1)
+    layer = (tl.program_id(1) // num_heads).to(tl.int64)  # layer strides may pass 2^31 in sum
+    head = tl.program_id(1) % num_heads
     kv = tl.program_id(2) % 2
     sel = tl.program_id(2) // 2  # PER_LOOP: the one loop this program stores
     tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     t_mask = tok < num_tokens
     loc = tl.load(Loc + tok, mask=t_mask, other=0)
-    rot = Rot + head * s_rhead
+    rot = Rot + layer * s_rlayer + head * s_rhead
     if HAS_ROT and HOIST_R:  # one bf16 term (Hadamard): load it once for all loops
         i = tl.arange(0, DP)
         rmat = tl.load(rot + i[:, None] * s_rrow + i[None, :])
@@ -201,7 +206,8 @@ def rq_commit_kernel(
         if PER_LOOP:
             if (sel >= g0) & (sel < g0 + GROUP_LEN):
                 ahat = _commit_anchor(K, V, SKV, Codes, SCodes, ScaleOffset, SScaleOffset, kv,
-                                      head, loc, tok, t_mask, t_mask & (sel == g0 + ANCHOR_POS),
+                                      layer, head, loc, tok, t_mask,
+                                      t_mask & (sel == g0 + ANCHOR_POS),
                                       rot, s_rterm, s_rrow, alpha, rmat, g0 + ANCHOR_POS, BITS,
                                       HAS_ROT, TERMS, D, DP, G, NG, NGP, BLOCK_T, HOIST_R, INTERP)
                 den = tl.maximum(tl.sum(ahat * ahat, axis=1), 1e-12)
@@ -209,19 +215,19 @@ def rq_commit_kernel(
                     if j != ANCHOR_POS:
                         if sel == g0 + j:
                             _commit_residual(K, V, SKV, Codes, SCodes, ScaleOffset, SScaleOffset,
-                                             Coef, SCoef, kv, head, loc, tok, t_mask, rot,
+                                             Coef, SCoef, kv, layer, head, loc, tok, t_mask, rot,
                                              s_rterm, s_rrow, alpha, rmat, ahat, den, g0 + j,
                                              BITS, LSQ, HAS_ROT, TERMS, D, DP, G, NG, NGP,
                                              BLOCK_T, HOIST_R, INTERP)
         else:
-            ahat = _commit_anchor(K, V, SKV, Codes, SCodes, ScaleOffset, SScaleOffset, kv, head,
-                                  loc, tok, t_mask, t_mask, rot, s_rterm, s_rrow, alpha, rmat,
+            ahat = _commit_anchor(K, V, SKV, Codes, SCodes, ScaleOffset, SScaleOffset, kv, layer,
+                                  head, loc, tok, t_mask, t_mask, rot, s_rterm, s_rrow, alpha, rmat,
                                   g0 + ANCHOR_POS, BITS, HAS_ROT, TERMS, D, DP, G, NG, NGP,
                                   BLOCK_T, HOIST_R, INTERP)
             den = tl.maximum(tl.sum(ahat * ahat, axis=1), 1e-12)
             for j in tl.static_range(GROUP_LEN):
                 if j != ANCHOR_POS:
                     _commit_residual(K, V, SKV, Codes, SCodes, ScaleOffset, SScaleOffset, Coef,
-                                     SCoef, kv, head, loc, tok, t_mask, rot, s_rterm, s_rrow,
+                                     SCoef, kv, layer, head, loc, tok, t_mask, rot, s_rterm, s_rrow,
                                      alpha, rmat, ahat, den, g0 + j, BITS, LSQ, HAS_ROT, TERMS,
                                      D, DP, G, NG, NGP, BLOCK_T, HOIST_R, INTERP)

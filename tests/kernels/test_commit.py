@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 from views import make_view
 
-from rq_kernels import commit, unsupported_reason
+from rq_kernels import commit, commit_layers, unsupported_reason
 from rq_kernels.commit import CommitLaunch
 from rq_kernels.triton.commit import _div_rn_by
 from rq_kernels.testing import loop_kv, random_orthogonal
@@ -260,3 +260,94 @@ def test_prepared_view_carries_the_rotation_terms():
     assert torch.equal(terms[0, :, :96, :96].float(), torch.sign(view.rotation))  # R = alpha sign(R)
     assert not terms[0, :, 96:].any() and not terms[0, :, :, 96:].any()
     assert rotation_terms(view, next_pow2(96), torch.device("cpu"))[0] is terms
+
+
+def _stack(cfg, *, layers, loops, heads, dim, rows, device, seed):
+    """The serving pool's buffers of one stack (`sglang_rq.pool.StackBuffers`: every tensor
+    ``[layers, rows, ...]``, views per (layer, loop group)), random bytes in every row."""
+    from sglang_rq.layout import ModelKVShape, kv_stacks
+    from sglang_rq.pool import StackBuffers
+
+    shape = ModelKVShape(num_layers=layers, num_loops=loops, num_kv_heads=heads, head_dim=dim)
+    bufs = StackBuffers.allocate(kv_stacks(shape, cfg)[0], rows=rows, staging_tokens=0,
+                                 dtype=torch.bfloat16, device=device)
+    gen = torch.Generator().manual_seed(seed)
+    for b in bufs.buffers():
+        b.view(torch.uint8).copy_(torch.randint(0, 256, b.view(torch.uint8).shape,
+                                                generator=gen, dtype=torch.uint8))
+    return bufs
+
+
+@pytest.mark.parametrize("tokens", [3, 21], ids=["few_per_loop", "groups"])
+@pytest.mark.parametrize("cfg", [RQConfig(rotation="signed-hadamard", rotation_seed=5),
+                                 RQConfig(loop_group_size=2, anchor="first", rotation="none")],
+                         ids=["signed_hadamard", "groups2_first_norot"])
+def test_commit_layers_matches_reference(cfg, tokens, device):
+    """One `commit_layers` launch over every layer of a real pool stack (each layer its own
+    signed-Hadamard rotation; loop group 1 of two) writes, layer by layer, the twin's bytes
+    (`commit_reference` per layer) and nothing else. The rotation terms are laid out by the
+    launcher itself here (the views were not prepared with `prepare_layers`)."""
+    layers, loops, heads, dim, rows = 3, 4, 2, 64, tokens + 9
+    ours, ref = (_stack(cfg, layers=layers, loops=loops, heads=heads, dim=dim, rows=rows,
+                        device=device, seed=11) for _ in range(2))
+    gen = torch.Generator().manual_seed(2)
+    loc = (torch.randperm(rows - 1, generator=gen)[:tokens] + 1).to(device)
+    kv = [loop_kv(loops, tokens, heads, dim, seed=20 + layer, device=device,
+                  group_size=cfg.group_size) for layer in range(layers)]
+    k = torch.stack([x[0] for x in kv], dim=1)  # [loops, layers, T, H, D]
+    v = torch.stack([x[1] for x in kv], dim=1)
+    glen = cfg.group_len(loops)
+    grp = len(ours.group_views[0]) - 1
+    sl = slice(grp * glen, (grp + 1) * glen)
+    commit_layers(list(k[sl]), list(v[sl]), loc, ours.layer_views(grp))
+    for layer in range(layers):
+        commit_reference(list(k[sl, layer]), list(v[sl, layer]), loc, ref.group_views[layer][grp])
+    for a, b in zip(ours.buffers(), ref.buffers()):
+        if device == "cuda":
+            assert (a.view(torch.uint8) != b.view(torch.uint8)).float().mean().item() <= 1e-3
+        else:
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def test_commit_layers_refuses_views_that_are_not_layers_of_one_buffer(device):
+    """Layers 0, 1 and 3 of a pool are not evenly spaced: a ValueError says so (the caller
+    commits them one by one)."""
+    cfg = RQConfig(rotation="none")
+    bufs = _stack(cfg, layers=4, loops=4, heads=2, dim=64, rows=8, device=device, seed=9)
+    views = bufs.layer_views(0)
+    _, loc, k, v = _pools(cfg, 4, 2, 64, 5, None, device, seed=9)
+    with pytest.raises(ValueError, match="not evenly spaced layers of one buffer"):
+        commit_layers([torch.stack([x] * 3) for x in k], [torch.stack([x] * 3) for x in v], loc,
+                      [views[0], views[1], views[3]])
+
+
+@pytest.mark.parametrize("backend", ["rq_native", "rq_triton"])
+def test_decode_forward_commits_every_layer_at_once_with_the_per_layer_bytes(backend, device):
+    """A forward of at most staging/2 tokens (a decode step) parks each layer's last loop and
+    commits all layers in one call at the last layer; a forward too large for that commits layer
+    by layer. Same K/V, same pool bytes (C library, and the Triton kernel in the interpreter)."""
+    from sglang_rq.dispatch import KernelRequest
+    from sglang_rq.layout import ModelKVShape, kv_slot
+    from sglang_rq.pool import bind_pool_class
+
+    shape = ModelKVShape(num_layers=3, num_loops=4, num_kv_heads=2, head_dim=64)
+    cfg = RQConfig(loop_group_size=2, rotation="signed-hadamard")
+    pools = []
+    if backend == "rq_native" and device == "cuda":
+        pytest.skip("the C library serves CPU pools")
+    for staging in (8, 7):  # 4 tokens: 2 * 4 <= 8 defers, 2 * 4 > 7 does not
+        cls = bind_pool_class(cfg=cfg, shape=shape, staging_tokens=staging,
+                              kernels=KernelRequest(backend=backend))
+        pools.append(cls(size=12, page_size=1, dtype=torch.bfloat16, head_num=2, head_dim=64,
+                         layer_num=12, device=device, enable_memory_saver=False))
+    gen = torch.Generator().manual_seed(4)
+    loc = torch.tensor([2, 5, 11, 7], device=device)
+    kv = torch.randn(12, 2, 4, 2, 64, generator=gen).to(device=device, dtype=torch.bfloat16)
+    for pool in pools:
+        assert pool.stacks["looped"].kernel_paths.commit.impl != "twin"
+        for slot in range(12):  # loop-major, as the model calls them
+            pool.save(slot, kv[slot, 0], kv[slot, 1], loc)
+    for a, b in zip(pools[0].rq_buffers(), pools[1].rq_buffers()):
+        assert torch.equal(a, b)  # the same kernel over the same inputs, also on the GPU
+    k3, _ = pools[0].dequantize(kv_slot(3, 2, 3), loc)  # loop 3 of layer 2: its group's anchor
+    assert ((k3 - kv[kv_slot(3, 2, 3), 0].float()).norm() / k3.norm()) < 0.12
