@@ -225,6 +225,35 @@ def rotation_terms(view: CompressedLayerView, padded_dim: int, device: torch.dev
     return out
 
 
+def hadamard_signs(view: CompressedLayerView, device: torch.device) -> torch.Tensor | None:
+    """The signs ``s`` ``[H, head_dim]`` fp32 (+-1) when the view's rotation is ``alpha diag(s_h)
+    H`` with ``H`` the Sylvester Hadamard matrix (``--rq-rotation hadamard`` or ``signed-hadamard``
+    at a power-of-two head_dim; QuaRot, Ashkboos et al. 2024, section 3), else None: such a
+    rotation is one fast Walsh-Hadamard transform, which the CUDA decode kernel applies to the
+    query itself. ``alpha`` is `rotation_terms`'s. Built once per view with its rotation terms
+    (`prepare_view`; a sync) and kept in ``view.kernel_rotation``."""
+    key = ("hadamard_signs", str(torch.device(device)))
+    if key in view.kernel_rotation:
+        return view.kernel_rotation[key]
+    out = None
+    d = view.head_dim
+    if view.rotation is not None and d & (d - 1) == 0:
+        terms, _, nterms = rotation_terms(view, d, device)
+        if nterms == 1:
+            sign = terms[0].float()  # [H, D, D]
+            i = torch.arange(d, device=device)
+            both = i[:, None] & i[None, :]
+            parity = torch.zeros_like(both)
+            for bit in range(d.bit_length()):
+                parity ^= (both >> bit) & 1
+            sylvester = 1.0 - 2.0 * parity.float()  # (-1)^popcount(i & j)
+            s = sign[:, :, 0]  # column 0 of H is all ones
+            if bool((sign == s[:, :, None] * sylvester).all()):
+                out = s.contiguous()
+    view.kernel_rotation[key] = out
+    return out
+
+
 def prepare_layers(views: Sequence[CompressedLayerView]) -> None:
     """`prepare_view` for the layers of one pool (one format, rotations of one shape): their
     rotation terms become slices ``[TERMS, H, DP, DP]`` of one ``[layers, TERMS, H, DP, DP]``
@@ -244,6 +273,7 @@ def prepare_layers(views: Sequence[CompressedLayerView]) -> None:
         view.kernel_rotation[key] = (t, alpha, nterms)
         for k in [k for k in view.launch_cache if k[0] == "rotation_args"]:
             del view.launch_cache[k]
+        hadamard_signs(view, dev)
 
 
 def rotation_args(view: CompressedLayerView, padded_dim: int, device: torch.device
@@ -269,6 +299,7 @@ def prepare_view(view: CompressedLayerView) -> None:
     sync), so that later launches, CUDA-graph capture included, only read it."""
     if view.rotation is not None:
         rotation_terms(view, next_pow2(view.head_dim), view.rotation.device)
+        hadamard_signs(view, view.rotation.device)
 
 
 def strides3(t: torch.Tensor | None) -> tuple[int, int, int]:

@@ -33,7 +33,9 @@ from rq_kernels._host import (
     require_kernel, rotation_args, strides3, unsupported_reason,
 )
 from rq_kernels.decode_tc import WARPS as TC_WARPS
-from rq_kernels.decode_tc import carveout_percent, tc_occupancy, tc_split, tc_unsupported_reason
+from rq_kernels.decode_tc import (
+    carveout_percent, query_rotation, tc_occupancy, tc_split, tc_unsupported_reason,
+)
 from rq_kernels.decode_tc import TILE as TC_TILE
 from rq_kernels.triton.decode_fma import rq_decode_fma_split_kernel
 from rq_kernels.triton.decode_mma import rq_decode_merge_kernel, rq_decode_mma_split_kernel
@@ -154,7 +156,9 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
 
     Note
     ----
-    Two launches (three for ``tc``: the query rotation first): the split kernel
+    Two launches (three for ``tc`` under a rotation other than a (signed) Sylvester Hadamard,
+    which the tc split kernel applies to the query itself: the query rotation first): the split
+    kernel
     ``(num_kv_heads, batch_size, num_splits)`` (tc: ``(cdiv(num_splits * num_kv_heads, 4),
     batch_size)`` CTAs of 4 warps) and
     the merge kernel ``(num_kv_heads, cdiv(batch_size * group, 16))``, each (sm_90+) a
@@ -195,18 +199,20 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     pdl = not interp and (pdl_capable(dev) if launch.pdl is None else launch.pdl)
     qk_scale = sm_scale * LOG2E
     if kernel == "tc":
-        q_rot = torch.empty(B, HQ, D, dtype=torch.float32, device=dev)
-        rotate = rq_rotate_query_kernel[(HKV, cdiv(B * gq, 16))](
-            q, q.stride(0), q.stride(1), *rot, q_rot, HQ * D, gq * D, D, B * gq, GQ=gq, D=D, DP=dp,
-            HAS_ROT=has_rot, TERMS=nterms, BLOCK_M=16, INTERP=interp, PDL=pdl, num_warps=4,
-            launch_pdl=pdl)
-        if not interp:
-            cuda.set_carveout(rotate.function, carveout_percent(dev.index))
+        q_split = q  # the split kernel rotates the query itself, or needs none
+        if query_rotation(view, dev)[0] == 0:  # any other rotation: the rotation kernel first
+            q_split = torch.empty(B, HQ, D, dtype=torch.float32, device=dev)
+            rotate = rq_rotate_query_kernel[(HKV, cdiv(B * gq, 16))](
+                q, q.stride(0), q.stride(1), *rot, q_split, HQ * D, gq * D, D, B * gq, GQ=gq,
+                D=D, DP=dp, HAS_ROT=has_rot, TERMS=nterms, BLOCK_M=16, INTERP=interp, PDL=pdl,
+                num_warps=4, launch_pdl=pdl)
+            if not interp:
+                cuda.set_carveout(rotate.function, carveout_percent(dev.index))
         occupancy = tc_occupancy(B * HKV, _num_sms(dev.index or 0))
         splits = launch.num_splits or choose_num_splits(
             B, HKV, kv_indices.numel(), dev, block_n=TC_TILE,
             programs_per_sm=TC_WARPS * occupancy[0])
-        mid_o, mid_ml = tc_split(q_rot, kv_indptr, kv_indices, view, loop_id, HKV, qk_scale,
+        mid_o, mid_ml = tc_split(q_split, kv_indptr, kv_indices, view, loop_id, HKV, qk_scale,
                                  splits, occupancy, pdl=pdl)
     elif kernel == "fma":
         mid_o, mid_ml, splits = _fma_split(q, kv_indptr, kv_indices, view, loop_id, args, c,

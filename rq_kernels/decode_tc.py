@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from rq_kernels import cuda
-from rq_kernels._host import next_pow2, pdl_capable, unsupported_reason
+from rq_kernels._host import (
+    hadamard_signs, next_pow2, pdl_capable, rotation_terms, unsupported_reason,
+)
 
 if TYPE_CHECKING:
     from rq_kernels.view import CompressedLayerView
@@ -102,12 +104,31 @@ def code_chunk(head_dim: int, bits: int) -> int:
 class _Args(ctypes.Structure):
     """Mirror of ``struct Args`` in the CUDA source (same order, natural alignment)."""
 
-    _fields_ = [("q", ctypes.c_void_p), ("kv_indptr", ctypes.c_void_p),
+    _fields_ = [("q", ctypes.c_void_p), ("q_b", ctypes.c_int64), ("q_h", ctypes.c_int64),
+                ("signs", ctypes.c_void_p), ("kv_indptr", ctypes.c_void_p),
                 ("kv_indices", ctypes.c_void_p)] + [
         (f"{n}{s}", ctypes.c_void_p if s == "" else ctypes.c_int64)
         for n in ("ac", "aso", "rc", "rso", "cf") for s in ("", "_r", "_kv", "_h")] + [
         ("mid_o", ctypes.c_void_p), ("mid_ml", ctypes.c_void_p), ("qk_scale", ctypes.c_float),
-        ("num_splits", ctypes.c_int32), ("num_qo_heads", ctypes.c_int32)]
+        ("q_alpha", ctypes.c_float), ("num_splits", ctypes.c_int32),
+        ("num_qo_heads", ctypes.c_int32), ("q_mode", ctypes.c_int32)]
+
+
+def query_rotation(view: CompressedLayerView, device: torch.device
+                   ) -> tuple[int, torch.Tensor | None, float]:
+    """How the split kernel gets its query in the rotated basis: ``(q_mode, signs, alpha)``
+    (the source's ``Args``). 1: the view has no rotation, the kernel reads the model's bf16
+    query; 2: the rotation is ``alpha diag(s) H`` (Sylvester Hadamard, `_host.hadamard_signs`),
+    the kernel rotates the bf16 query itself (one fast Walsh-Hadamard transform per row, no
+    launch before it); 0: any other rotation, the query rotation kernel runs first and the
+    kernel reads its fp32 output."""
+    if view.rotation is None:
+        return 1, None, 1.0
+    signs = hadamard_signs(view, device)
+    if signs is None:
+        return 0, None, 1.0
+    _, alpha, _ = rotation_terms(view, view.head_dim, device)
+    return 2, signs, alpha
 
 
 def _loop_tensors(view: CompressedLayerView, loop_id: int):
@@ -208,21 +229,25 @@ def _variant(view: CompressedLayerView, loop_id: int, group: int,
     return defines, WARPS * occupancy.stages * stage_bytes(a_bits, r_bits, view.head_dim)
 
 
-def tc_split(q_rot: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+def tc_split(q: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
              view: CompressedLayerView, loop_id: int, num_kv_heads: int, qk_scale: float,
              num_splits: int, occupancy: Occupancy, *,
              pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the split kernel in the `OCCUPANCY` shape ``occupancy`` (`tc_occupancy`):
-    ``q_rot`` ``[B, Hq, head_dim]`` fp32 (rotated basis, contiguous) ->
-    (MidO ``[B, Hq, S, width(head_dim)]`` fp32 unnormalised (head_dim 96: columns 96-127 are
-    0), MidML ``[B, Hq, S, 2]`` fp32 (max in log2 units, sum)). Grid
+    ``q`` ``[B, Hq, head_dim]`` as `query_rotation` says (fp32 in the rotated basis, the query
+    rotation kernel's output, where its ``q_mode`` is 0; else the model's bf16 query, last dim
+    contiguous) -> (MidO ``[B, Hq, S, width(head_dim)]`` fp32 unnormalised (head_dim 96:
+    columns 96-127 are 0), MidML ``[B, Hq, S, 2]`` fp32 (max in log2 units, sum)). Grid
     ``(cdiv(S * num_kv_heads, 4), B)`` CTAs of 4 warps, one (split, KV head) per warp, KV head
-    fastest. ``pdl``: launched as a programmatic dependent of the kernel that wrote ``q_rot``
-    (`rq_kernels.cuda.launch`): it copies its first history tiles, then waits for ``q_rot``."""
-    B, HQ, hd = q_rot.shape
-    assert hd == view.head_dim and q_rot.is_contiguous(), "q_rot [B, Hq, head_dim] contiguous"
+    fastest. ``pdl``: launched as a programmatic dependent of the kernel that wrote ``q``
+    (`rq_kernels.cuda.launch`): it copies its first history tiles, then waits for ``q``."""
+    B, HQ, hd = q.shape
+    dev = q.device
+    q_mode, signs, alpha = query_rotation(view, dev)
+    want = torch.float32 if q_mode == 0 else torch.bfloat16
+    assert hd == view.head_dim and q.dtype == want and q.stride(-1) == 1, (
+        f"q must be [B, Hq, {view.head_dim}] {want}, last dim contiguous")
     D = width(hd)
-    dev = q_rot.device
     group = HQ // num_kv_heads
     ac, aso, rc, rso, cf, _, _ = _loop_tensors(view, loop_id)
     defines, smem = _variant(view, loop_id, group, occupancy)
@@ -236,10 +261,11 @@ def tc_split(q_rot: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Ten
             return (ac.data_ptr(), 0, 0, 0)
         return (t.data_ptr(), t.stride(0) * elem, t.stride(1) * elem, t.stride(2) * elem)
 
-    args = _Args(q_rot.data_ptr(), kv_indptr.data_ptr(), kv_indices.data_ptr(),
+    args = _Args(q.data_ptr(), q.stride(0), q.stride(1), 0 if signs is None else signs.data_ptr(),
+                 kv_indptr.data_ptr(), kv_indices.data_ptr(),
                  *parts(ac), *parts(aso), *parts(rc if rc is not None else ac),
                  *parts(rso if rso is not None else aso), *parts(cf),
-                 mid_o.data_ptr(), mid_ml.data_ptr(), qk_scale, num_splits, HQ)
+                 mid_o.data_ptr(), mid_ml.data_ptr(), qk_scale, alpha, num_splits, HQ, q_mode)
     grid = ((num_splits * num_kv_heads + WARPS - 1) // WARPS, B, 1)
     cuda.launch(fn, grid, WARPS * 32, args, dev, shared_bytes=smem, pdl=pdl)
     return mid_o, mid_ml

@@ -201,7 +201,12 @@ template <int BITS> __device__ __forceinline__ float pos_scale(int j) {  // 2^-p
 }
 
 struct Args {
-  const float* q;  // [B, HQ, D] fp32, rotated basis
+  // the query [B, HQ, HEAD_DIM] at element strides (q_b, q_h), by q_mode: 0 fp32 in the rotated
+  // basis (the query rotation kernel's output); 1 bf16, no rotation; 2 bf16 in the original
+  // basis, rotated here by R = q_alpha diag(signs[hk]) H (Sylvester Hadamard; HEAD_DIM = D)
+  const void* q;
+  int64_t q_b, q_h;
+  const float* signs;  // q_mode 2: [num_kv_heads, D] +-1
   const int32_t* kv_indptr;
   const int64_t* kv_indices;
   const uint8_t* ac; int64_t ac_r, ac_kv, ac_h;
@@ -212,8 +217,10 @@ struct Args {
   float* mid_o;
   float* mid_ml;
   float qk_scale;
+  float q_alpha;
   int num_splits;
   int num_qo_heads;
+  int q_mode;
 };
 
 // ---- shared-memory pipeline: each warp streams its split through STAGES tile stages, SUBT
@@ -237,6 +244,7 @@ struct Args {
 // WARPS (per CTA), STAGES (tile stages per warp) and MINB (CTAs per SM, __launch_bounds__)
 // come from the launcher, which passes WARPS * STAGES * STAGE_BYTES of dynamic shared memory.
 static_assert(SB >= 4, "cp.async copies at least 4 bytes");
+static_assert(GQ * D * 2 <= STAGE_BYTES, "the query rows (bf16) fit one stage");
 
 // The pool bytes of one (token, head)'s codes and the cp.async chunk they are copied in (the
 // launcher checks the pool's pointers and strides for this alignment: `decode_tc.code_chunk`).
@@ -439,8 +447,57 @@ rq_decode_tc_split(const Args A) {
     pslot[u] = nt < ntiles ? tile_slot(A, base, lo + nt * TILE, hi, lane) : 0;
   }
   __syncwarp();
-  // the history copies are in flight; the rotated query is the previous kernel's output
+  // the history copies are in flight; the query is the previous kernel's output
   griddep_wait();
+
+  // ---- the query rows of this KV head as bf16 in the last stage (free until the first
+  // iteration issues into it); q_mode 2 rotates them here: x s, one fast Walsh-Hadamard
+  // transform across the warp (log2(D / 32) butterfly stages in registers, then 5 by shuffles;
+  // element E lane + e), times alpha, instead of a rotation kernel before this one
+  uint16_t* qs = reinterpret_cast<uint16_t*>(wsm + (STAGES - 1) * STAGE_BYTES);  // [GQ][D]
+  {
+    constexpr int E = D / 32;
+#pragma unroll
+    for (int hq = 0; hq < GQ; ++hq) {
+      const int64_t off = (int64_t)b * A.q_b + (int64_t)(hk * GQ + hq) * A.q_h;
+      float x[E];
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const int i = E * lane + e;
+        if (i >= HEAD_DIM) x[e] = 0.f;
+        else if (A.q_mode == 0) x[e] = static_cast<const float*>(A.q)[off + i];
+        else x[e] = __uint_as_float((uint32_t)static_cast<const uint16_t*>(A.q)[off + i] << 16);
+      }
+      if (A.q_mode == 2) {
+#pragma unroll
+        for (int e = 0; e < E; ++e) x[e] *= A.signs[hk * D + E * lane + e];
+#pragma unroll
+        for (int m = 1; m < E; m <<= 1) {
+#pragma unroll
+          for (int e = 0; e < E; ++e) {
+            if (e & m) continue;
+            const float u0 = x[e], u1 = x[e | m];
+            x[e] = u0 + u1;
+            x[e | m] = u0 - u1;
+          }
+        }
+#pragma unroll
+        for (int m = 1; m < 32; m <<= 1) {
+#pragma unroll
+          for (int e = 0; e < E; ++e) {
+            const float p = __shfl_xor_sync(0xffffffffu, x[e], m);
+            x[e] = (lane & m) ? p - x[e] : x[e] + p;
+          }
+        }
+#pragma unroll
+        for (int e = 0; e < E; ++e) x[e] *= A.q_alpha;
+      }
+#pragma unroll
+      for (int e = 0; e < E; e += 2)
+        *reinterpret_cast<uint32_t*>(qs + hq * D + E * lane + e) = pack_bf16(x[e], x[e + 1]);
+    }
+    __syncwarp();
+  }
 
   // ---- query fragments (pre-divided by 2^pos) and the folds 128 * sum q, sum q per row
   uint32_t qa[K_STEPS][2];
@@ -449,8 +506,7 @@ rq_decode_tc_split(const Args A) {
 #endif
   float fold_a = 0.f, fold_r = 0.f, qsum = 0.f;
   {
-    const float* qh =
-        A.q + ((int64_t)b * A.num_qo_heads + hk * GQ + (row_ok ? h : 0)) * HEAD_DIM + SL * t;
+    const uint16_t* qh = qs + (row_ok ? h : 0) * D + SL * t;
 #pragma unroll
     for (int r = 0; r < SL / 2; ++r) {
       float v[2];
@@ -459,11 +515,11 @@ rq_decode_tc_split(const Args A) {
 #endif
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const float x = a_rows ? bf16_lo(pack_bf16(qh[k_elem<A_BITS>(r, half)], 0.f)) : 0.f;
+        const float x = a_rows ? __uint_as_float((uint32_t)qh[k_elem<A_BITS>(r, half)] << 16) : 0.f;
         v[half] = x * pos_scale<A_BITS>(r % (16 / A_BITS));
         qsum += x;
 #if R_BITS > 0
-        const float y = a_rows ? bf16_lo(pack_bf16(qh[k_elem<R_BITS>(r, half)], 0.f)) : 0.f;
+        const float y = a_rows ? __uint_as_float((uint32_t)qh[k_elem<R_BITS>(r, half)] << 16) : 0.f;
         w[half] = y * pos_scale<R_BITS>(r % (16 / R_BITS));
 #endif
       }

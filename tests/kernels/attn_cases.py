@@ -6,6 +6,7 @@ import torch
 from views import make_view
 
 from rq_kernels.testing import loop_kv, random_orthogonal
+from sglang_rq.rotation import hadamard_matrix
 from sglang_rq.reference import commit_reference, dequantize_rows_reference
 
 
@@ -17,7 +18,8 @@ def build(cfg, *, loops, num_kv_heads, group, dim, lens, rot, device, seed,
     """
     total = sum(lens)
     rows = total + 9
-    rotation = random_orthogonal(num_kv_heads, dim, seed=seed) if rot == "rand" else rot
+    rotation = (random_orthogonal(num_kv_heads, dim, seed=seed) if rot == "rand"
+                else signed_hadamard(num_kv_heads, dim, seed=seed) if rot == "signed" else rot)
     view = make_view(cfg, num_loops=loops, num_kv_heads=num_kv_heads, head_dim=dim, rows=rows,
                      rotation=rotation, device=device, fill=True, seed=seed,
                      head_major=head_major)
@@ -32,6 +34,14 @@ def build(cfg, *, loops, num_kv_heads, group, dim, lens, rot, device, seed,
         ptr.append(ptr[-1] + n)
     kv_indptr = torch.tensor(ptr, dtype=torch.int32, device=device)
     return view, kv_indptr, loc.contiguous(), [loc[ptr[b]:ptr[b + 1]] for b in range(len(lens))]
+
+
+def signed_hadamard(num_kv_heads, dim, *, seed):
+    """``diag(s_h) H / sqrt(dim)`` per KV head, seeded +-1 signs (`--rq-rotation
+    signed-hadamard`'s form): ``[num_kv_heads, dim, dim]`` fp32."""
+    gen = torch.Generator().manual_seed(seed)
+    signs = torch.randint(0, 2, (num_kv_heads, dim), generator=gen).float() * 2 - 1
+    return signs[:, :, None] * hadamard_matrix(dim)
 
 
 def queries(num_tokens, num_qo_heads, num_kv_heads, dim, *, device, seed, scale=1.0):

@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attn_cases import build, history, queries
+from attn_cases import build, history, queries, signed_hadamard
 
 from rq_kernels import decode as rq_decode
 from rq_kernels import decode_attention, unsupported_reason
 from rq_kernels.decode import DecodeLaunch, fma_unsupported_reason
-from rq_kernels.decode_tc import OCCUPANCY, tc_unsupported_reason
+from rq_kernels.decode_tc import OCCUPANCY, query_rotation, tc_unsupported_reason
 from rq_kernels.testing import attention_errors, sdpa_bf16, within_policy
 from sglang_rq.config import RQConfig
 from sglang_rq.reference import decode_attention_reference
+from sglang_rq.rotation import hadamard_matrix
 
 H12 = RQConfig(anchor="first", lsq=False, anchor_bits=8, residual_bits=4)
 CPU_CASES = [  # name, cfg, loops, num_kv_heads, group, head_dim, history lens, rotation, loop ids
@@ -52,12 +53,16 @@ GPU_CASES = [
 
 
 def _run(cfg, loops, hkv, group, dim, lens, rot, loop_ids, device, seed, head_major=False,
-         launch=None):
+         launch=None, q_in_qkv=False):
     view, ind, idx, slots = build(cfg, loops=loops, num_kv_heads=hkv, group=group, dim=dim,
                                   lens=lens, rot=rot, device=device, seed=seed,
                                   head_major=head_major)
     b = len(lens)
     q, kc, vc = queries(b, hkv * group, hkv, dim, device=device, seed=seed)
+    if q_in_qkv:  # q as the model passes it: a slice of the fused QKV projection's output
+        q = torch.cat([q.flatten(1), kc.flatten(1), vc.flatten(1)], 1)[:, :q[0].numel()].view(
+            q.shape)
+        assert not q.is_contiguous()
     scale = dim ** -0.5
     for loop in loop_ids:
         out = torch.full_like(q, float("nan"))
@@ -171,6 +176,40 @@ def test_decode_tc_kernel(name, cfg, loops, hkv, group, dim, lens, rot, loop_ids
          launch=DecodeLaunch(split_kernel="tc"))
     _run(cfg, loops, hkv, group, dim, lens, rot, loop_ids, device, seed=24,
          launch=DecodeLaunch(split_kernel="tc", num_splits=3))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dim,hkv,group", [(128, 3, 2), (64, 2, 3)], ids=["d128_gqa2", "d64_gqa3"])
+def test_decode_tc_rotates_a_signed_hadamard_query_itself(dim, hkv, group, device):
+    """A signed Sylvester Hadamard rotation per KV head (`--rq-rotation signed-hadamard`): the
+    split kernel rotates the query itself (no rotation kernel), reading it with the strides of
+    a slice of the QKV output."""
+    view, *_ = build(RQConfig(), loops=4, num_kv_heads=hkv, group=group, dim=dim, lens=[5],
+                     rot="signed", device=device, seed=26)
+    assert query_rotation(view, torch.device(device))[0] == 2
+    _run(RQConfig(), 4, hkv, group, dim, [1000, 1, 33, 0], "signed", (0, 3), device, seed=26,
+         launch=DecodeLaunch(split_kernel="tc"), q_in_qkv=True)
+
+
+def test_tc_query_rotation_mode_follows_the_rotation(device):
+    """`decode_tc.query_rotation`: no rotation -> the model's query (1); a (signed) Sylvester
+    Hadamard at head_dim 64/128 -> rotated in the split kernel, with the signs of each KV head
+    (2); Huginn's Paley Hadamard (96) or any other matrix -> the rotation kernel first (0)."""
+    dev = torch.device(device)
+    for rot, dim, mode in (("cfg", 128, 2), ("cfg", 64, 2), ("signed", 128, 2), ("cfg", 96, 0),
+                           ("rand", 128, 0)):
+        view, *_ = build(RQConfig(), loops=2, num_kv_heads=3, group=1, dim=dim, lens=[2],
+                         rot=rot, device=device, seed=27)
+        got, signs, alpha = query_rotation(view, dev)
+        assert got == mode, (rot, dim)
+        if mode == 2:
+            assert alpha == pytest.approx(dim ** -0.5)
+            want = (signed_hadamard(3, dim, seed=27) if rot == "signed"
+                    else hadamard_matrix(dim).expand(3, dim, dim))
+            assert torch.equal(signs.cpu(), torch.sign(want[:, :, 0]))  # H's column 0 is ones
+    view, *_ = build(RQConfig(rotation="none"), loops=2, num_kv_heads=3, group=1, dim=128,
+                     lens=[2], rot="cfg", device=device, seed=27)
+    assert query_rotation(view, dev) == (1, None, 1.0)
 
 
 D80 = RQConfig(rotation="none", group_size=16)  # head_dim 80: no Hadamard, 16 | 80
