@@ -254,6 +254,7 @@ def test_prepared_view_carries_the_rotation_terms():
     view = make_view(RQConfig(), num_loops=2, num_kv_heads=2, head_dim=96, rows=4)
     assert not view.kernel_rotation
     prepare_view(view)
+    assert view.kernel_rotation.pop(("hadamard_signs", "cpu")) is None  # Paley: not Sylvester
     (key, (terms, alpha, nterms)), = view.kernel_rotation.items()
     assert key == (128, "cpu") and nterms == 1 and alpha == pytest.approx(96 ** -0.5)
     assert terms.shape == (1, 2, 128, 128)  # Hadamard 96 = Paley-12 x Sylvester-8, padded
@@ -285,8 +286,9 @@ def _stack(cfg, *, layers, loops, heads, dim, rows, device, seed):
 def test_commit_layers_matches_reference(cfg, tokens, device):
     """One `commit_layers` launch over every layer of a real pool stack (each layer its own
     signed-Hadamard rotation; loop group 1 of two) writes, layer by layer, the twin's bytes
-    (`commit_reference` per layer) and nothing else. The rotation terms are laid out by the
-    launcher itself here (the views were not prepared with `prepare_layers`)."""
+    (`commit_reference` per layer; on the GPU `commit` per layer) and nothing else. The
+    rotation terms are laid out by the launcher itself here (the views were not prepared with
+    `prepare_layers`)."""
     layers, loops, heads, dim, rows = 3, 4, 2, 64, tokens + 9
     ours, ref = (_stack(cfg, layers=layers, loops=loops, heads=heads, dim=dim, rows=rows,
                         device=device, seed=11) for _ in range(2))
@@ -300,13 +302,14 @@ def test_commit_layers_matches_reference(cfg, tokens, device):
     grp = len(ours.group_views[0]) - 1
     sl = slice(grp * glen, (grp + 1) * glen)
     commit_layers(list(k[sl]), list(v[sl]), loc, ours.layer_views(grp))
+    # the twin in the interpreter; on the GPU the kernel layer by layer (the same programs: the
+    # kernel's own distance to the twin is test_commit_real_size's policy, which a few tokens
+    # cannot measure: one coefficient's tie flip is ~1 % of these buffers)
+    per_layer = commit if device == "cuda" else commit_reference
     for layer in range(layers):
-        commit_reference(list(k[sl, layer]), list(v[sl, layer]), loc, ref.group_views[layer][grp])
+        per_layer(list(k[sl, layer]), list(v[sl, layer]), loc, ref.group_views[layer][grp])
     for a, b in zip(ours.buffers(), ref.buffers()):
-        if device == "cuda":
-            assert (a.view(torch.uint8) != b.view(torch.uint8)).float().mean().item() <= 1e-3
-        else:
-            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
 def test_commit_layers_refuses_views_that_are_not_layers_of_one_buffer(device):
