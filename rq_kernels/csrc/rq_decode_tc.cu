@@ -551,6 +551,10 @@ rq_decode_tc_split(const Args A) {
   }
   // the lane (of quad 0) whose columns belong to this thread's V head h
   const int src_t = (h * NG) / 2 < 4 ? (h * NG) / 2 : 0;
+  // the head of this thread's K columns 2t, 2t + 1 (a padding column's: head 0; its logits are
+  // -inf) and that head's running max, kept beside m_run (this thread's V head h's)
+  const int ht_k = col_ok ? (2 * t) / NG : 0;
+  float m_run_k = -INFINITY;
 
 #if HAS_COEF
   // which half of a coefficient word holds this KV head's K / V value (the same for every row)
@@ -612,14 +616,6 @@ rq_decode_tc_split(const Args A) {
       lg[u][j] = (col_ok && n + tk < hi) ? acc * A.qk_scale : -INFINITY;
     }
     }
-    // max of head ht over the iteration's tokens, then of this thread's V head h
-    float mt = fmaxf(lg[0][0], lg[0][1]);
-#pragma unroll
-    for (int u = 1; u < SUBT; ++u) mt = fmaxf(mt, fmaxf(lg[u][0], lg[u][1]));
-    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 4));
-    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 8));
-    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 16));
-    mt = __shfl_sync(0xffffffffu, mt, src_t);
     // logits of head h for the V tokens 2t + (i & 1) + 8 (i >> 1), from the threads holding them
     float qk[SUBT][4], cvv[SUBT][4];
 #pragma unroll
@@ -635,9 +631,22 @@ rq_decode_tc_split(const Args A) {
 #endif
       }
     }
-    if (!row_ok) mt = -INFINITY;
-    // lazy rescaling: keep the running max unless a row's tile max exceeds it by 2^8
-    if (__any_sync(0xffffffffu, mt > m_run + 8.f)) {
+    // lazy rescaling: keep the running max unless a logit exceeds its head's by 2^8 (each
+    // thread checks its own K-side logits against m_run_k, the running max of their head ht; the
+    // head's exact max over the iteration is taken only then)
+    bool over = false;
+#pragma unroll
+    for (int u = 0; u < SUBT; ++u) over |= fmaxf(lg[u][0], lg[u][1]) > m_run_k + 8.f;
+    if (__any_sync(0xffffffffu, over)) {
+      // max of head ht over the iteration's tokens, then of this thread's V head h
+      float mt = fmaxf(lg[0][0], lg[0][1]);
+#pragma unroll
+      for (int u = 1; u < SUBT; ++u) mt = fmaxf(mt, fmaxf(lg[u][0], lg[u][1]));
+      mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 4));
+      mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 8));
+      mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 16));
+      mt = __shfl_sync(0xffffffffu, mt, src_t);
+      if (!row_ok) mt = -INFINITY;
       const float m_new = fmaxf(m_run, mt);
       const float f = m_new == -INFINITY ? 1.f : exp2f(m_run - m_new);
 #pragma unroll
@@ -646,6 +655,7 @@ rq_decode_tc_split(const Args A) {
       }
       l_run *= f; sw_a *= f; sw_r *= f; m_off *= f;
       m_run = m_new;
+      m_run_k = __shfl_sync(0xffffffffu, m_run, 4 * (ht_k * NG));  // row (ht, group 0)
     }
 
 #pragma unroll
