@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import sys
@@ -196,6 +197,7 @@ def main() -> None:
             res["skipped"].append(f"{kind} b={b} ctx={ctx} {label}")
             return None
         if DEV == "cuda":
+            gc.collect()  # a previous point's buffers, should anything still hold them
             torch.cuda.empty_cache()
         cache = (BF16Cache(s, b, ctx) if kind == "bf16" else
                  NoAttention() if kind == "none" else RQCache(s, b, ctx, cfg))

@@ -83,16 +83,20 @@ def realistic_pool(cfg, *, num_loops: int, num_kv_heads: int, head_dim: int, row
     [-2, -0.1] and coefficients in [0.7, 1.3] (finite, realistic; not zeros)."""
     v = make_view(cfg, num_loops=num_loops, num_kv_heads=num_kv_heads, head_dim=head_dim,
                   rows=rows, rotation="cfg", device=device, fill=False, head_major=head_major)
+    chunk = 1 << 18  # rows per fill: the fp32 temporaries stay small beside a whole-card pool
     for i in range(num_loops):
         v.codes[i].random_(0, 256)
-        if v.scale_offset[i] is not None:
-            m = torch.empty(v.scale_offset[i].shape, device=device)
-            m[..., 0].uniform_(0.01, 0.3)
-            m[..., 1].uniform_(-2.0, -0.1)
-            v.scale_offset[i].copy_(m.to(torch.float8_e4m3fn).view(torch.uint8))
-            del m
-        if v.coef[i] is not None:
-            v.coef[i].copy_(torch.empty(v.coef[i].shape, device=device).uniform_(0.7, 1.3))
+        for r in range(0, rows, chunk):
+            so, cf = v.scale_offset[i], v.coef[i]
+            if so is not None:
+                m = torch.empty(so[r:r + chunk].shape, device=device)
+                m[..., 0].uniform_(0.01, 0.3)
+                m[..., 1].uniform_(-2.0, -0.1)
+                so[r:r + chunk].copy_(m.to(torch.float8_e4m3fn).view(torch.uint8))
+                del m
+            if cf is not None:
+                cf[r:r + chunk].copy_(torch.empty(cf[r:r + chunk].shape, device=device)
+                                      .uniform_(0.7, 1.3))
     return v
 
 

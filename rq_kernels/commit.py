@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -146,7 +147,7 @@ def _pool_layer_strides(views: list[CompressedLayerView], dp: int, dev: torch.de
     terms; kept in ``views[0].launch_cache`` with the views they were computed for."""
     key = ("layer_strides", len(views), dp, dev)
     hit = views[0].launch_cache.get(key)
-    if hit is not None and all(a is b for a, b in zip(hit[0], views)):
+    if hit is not None and all(r() is v for r, v in zip(hit[0], views)):
         return hit[1]
     for v in views[1:]:
         if v.segments != views[0].segments or v.cfg != views[0].cfg:
@@ -166,7 +167,9 @@ def _pool_layer_strides(views: list[CompressedLayerView], dp: int, dev: torch.de
             prepare_layers(views)
             rot = _layer_stride([rotation_terms(v, dp, dev)[0] for v in views], "rotation terms")
     out = (codes, so, coef, rot)
-    views[0].launch_cache[key] = (tuple(views), out)
+    # weak references: views[0] holding the others (itself included) would be a reference cycle,
+    # keeping a pool's buffers alive until the garbage collector runs
+    views[0].launch_cache[key] = (tuple(weakref.ref(v) for v in views), out)
     return out
 
 
