@@ -43,7 +43,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import graph_ms, realistic_pool  # noqa: E402
-from rq_kernels import commit_layers, decode_attention, prepare_layers  # noqa: E402
+from rq_kernels import commit_layers, decode_attention, prepare_layers, stage_kv  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
 from sglang_rq.layout import ModelKVShape, bf16_bytes_per_token, kv_bytes_per_token  # noqa: E402
 
@@ -134,16 +134,15 @@ class RQCache:
         self.ind = torch.arange(b + 1, device=DEV, dtype=torch.int32) * ctx
         self.idx = torch.arange(1, b * ctx + 1, device=DEV, dtype=torch.int64)
         self.loc = torch.arange(b * ctx + 1, b * ctx + 1 + b, device=DEV, dtype=torch.int64)
-        self.stage_k = torch.empty(s.loops, s.layers, b, s.heads, s.dim, device=DEV, dtype=torch.bfloat16)
-        self.stage_v = torch.empty_like(self.stage_k)
+        self.staging = torch.empty(s.loops, s.layers, b, 2, s.heads, s.dim, device=DEV,
+                                   dtype=torch.bfloat16)
         self.out = torch.empty(b, s.heads, s.dim, device=DEV, dtype=torch.bfloat16)
         self.s = s
 
     def __call__(self, u, li, q, k, v):
-        self.stage_k[u, li].copy_(k)
-        self.stage_v[u, li].copy_(v)
-        if u == self.s.loops - 1 and li == self.s.layers - 1:  # as `RQTokenToKVPool.save` does
-            commit_layers(self.stage_k, self.stage_v, self.loc, self.views)
+        stage_kv(k, v, self.staging[u, li])  # as `RQTokenToKVPool.save` does
+        if u == self.s.loops - 1 and li == self.s.layers - 1:
+            commit_layers(self.staging[:, :, :, 0], self.staging[:, :, :, 1], self.loc, self.views)
         return decode_attention(q, k, v, self.views[li], u, self.ind, self.idx,
                                 sm_scale=self.s.dim ** -0.5, out=torch.empty_like(self.out))
 

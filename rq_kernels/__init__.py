@@ -1,7 +1,8 @@
 """Triton kernels of the ResidualQuant KV cache (DESIGN.md section 4).
 
 * `commit` -- quantize all loops of new tokens into the compressed pool (one launch per layer;
-  `commit_layers`: several layers of one pool in one launch);
+  `commit_layers`: several layers of one pool in one launch; `stage_kv`: an earlier loop's K/V
+  into the staging rows);
 * `decode_attention` -- fused split-K decode attention over anchor + residual, plus the
   in-flight token;
 * `extend_attention` -- compressed prefix + causal BF16 chunk (prefill / chunked prefill).
@@ -15,9 +16,10 @@ runs (`sglang_rq.dispatch`). This package imports nothing from the serving packa
 from rq_kernels._host import (
     kernel_device_reason, prepare_layers, prepare_view, unsupported_reason,
 )
-from rq_kernels.commit import commit, commit_layers
+from rq_kernels.commit import commit, commit_layers, stage_kv
 from rq_kernels.decode import decode_attention
 from rq_kernels.extend import extend_attention
 
 __all__ = ["commit", "commit_layers", "decode_attention", "extend_attention",
-           "kernel_device_reason", "prepare_layers", "prepare_view", "unsupported_reason"]
+           "kernel_device_reason", "prepare_layers", "prepare_view", "stage_kv",
+           "unsupported_reason"]

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from rq_kernels._host import (
-    cdiv, check_view, interpreting, launch_kernel, next_pow2, prepare_layers, require_kernel,
-    rotation_args, rotation_terms, strides3, unsupported_reason,
+    cdiv, check_view, interpreting, launch_kernel, next_pow2, on_kernel_device, pdl_capable,
+    prepare_layers, require_kernel, rotation_args, rotation_terms, strides3, unsupported_reason,
 )
-from rq_kernels.triton.commit import rq_commit_kernel
+from rq_kernels.triton.commit import rq_commit_kernel, rq_stage_kernel
 
 if TYPE_CHECKING:
     from rq_kernels.view import CompressedLayerView
@@ -125,6 +125,36 @@ def commit_layers(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tenso
         buffers.
     """
     _commit(k_loops, v_loops, loc, list(views), launch)
+
+
+def stage_kv(k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
+    """Write one loop's in-flight K/V into staging rows: ``out[:, 0] = k``, ``out[:, 1] = v``
+    (`torch.stack([k, v], 1, out=out)`, its twin and what runs where the kernel cannot).
+
+    On CUDA (and under ``TRITON_INTERPRET=1``) one Triton launch, which on sm_90+ lets the next
+    kernel start at once (a programmatic-dependent-launch trigger): the decode split kernel after
+    it in the pool's decode step copies its first history tiles while the copy runs, as it did
+    behind the query rotation kernel before the split kernel rotated its query itself.
+
+    Parameters
+    ----------
+    k, v: ``[num_tokens, num_kv_heads, head_dim]``, last dim contiguous, any token/head strides.
+    out: ``[num_tokens, 2, num_kv_heads, head_dim]``, last dim contiguous (written, cast to its
+        dtype).
+    """
+    n, h, d = k.shape
+    assert v.shape == k.shape and out.shape == (n, 2, h, d), (
+        f"k {tuple(k.shape)}, v {tuple(v.shape)} and out {tuple(out.shape)} do not match")
+    if n == 0:
+        return
+    if not on_kernel_device(rq_stage_kernel, k) or min(t.stride(-1) for t in (k, v, out)) != 1:
+        torch.stack([k, v], dim=1, out=out)
+        return
+    pdl = not interpreting(rq_stage_kernel) and pdl_capable(k.device)
+    launch_kernel(rq_stage_kernel, (n,),
+                  (k, k.stride(0), k.stride(1), v, v.stride(0), v.stride(1), out, out.stride(0),
+                   out.stride(1), out.stride(2), h),
+                  dict(D=d, HP=next_pow2(h), DP=next_pow2(d), PDL=pdl), num_warps=4)
 
 
 def _layer_stride(ts: Sequence[torch.Tensor | None], what: str) -> int:

@@ -38,7 +38,7 @@ import torch
 
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-from rq_kernels import prepare_layers
+from rq_kernels import prepare_layers, stage_kv
 from rq_kernels.view import CompressedLayerView
 from sglang_rq import dispatch, metrics
 from sglang_rq.clipping import ClipCounter
@@ -274,12 +274,12 @@ class RQTokenToKVPool(MHATokenToKVPool):
         bufs, layer = t.bufs, t.layer
         s_tok = self.rq_staging_tokens
         if t.pos < bufs.group_len - 1:  # [n, 2, H, D], contiguous: one launch writes K and V
-            torch.stack([k, v], dim=1, out=bufs.staging[t.pos, layer, :n])
+            stage_kv(k, v, bufs.staging[t.pos, layer, :n])
             return
         if bufs.group_len > 1 and 2 * n <= s_tok:
             # the group's last loop waits at the end of the last staged loop's rows, and the
             # stack's last layer commits every layer in one launch (slots run layer-fastest)
-            torch.stack([k, v], dim=1, out=bufs.staging[-1, layer, s_tok - n:])
+            stage_kv(k, v, bufs.staging[-1, layer, s_tok - n:])
             if layer == bufs.stack.shape.num_layers - 1:
                 staged = bufs.staging[:, :, :n]  # [G-1, L, n, 2, H, D]
                 last = bufs.staging[-1, :, s_tok - n:]  # [L, n, 2, H, D]

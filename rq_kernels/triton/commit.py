@@ -10,7 +10,9 @@ LSQ coefficient, residual, quantization and packing. Operation order follows
 import triton
 import triton.language as tl
 
-from rq_kernels.triton.common import f32_to_fp8_bits, fp8_round, mma, rotate_rows, to_bf16
+from rq_kernels.triton.common import (
+    f32_to_fp8_bits, fp8_round, mma, pdl_launch_dependents, rotate_rows, to_bf16,
+)
 
 
 @triton.jit
@@ -231,3 +233,21 @@ def rq_commit_kernel(
                                      SCoef, kv, layer, head, loc, tok, t_mask, rot, s_rterm, s_rrow,
                                      alpha, rmat, ahat, den, g0 + j, BITS, LSQ, HAS_ROT, TERMS,
                                      D, DP, G, NG, NGP, BLOCK_T, HOIST_R, INTERP)
+
+
+@triton.jit
+def rq_stage_kernel(K, s_kt, s_kh, V, s_vt, s_vh, Out, s_ot, s_okv, s_oh, H, D: tl.constexpr,
+                    HP: tl.constexpr, DP: tl.constexpr, PDL: tl.constexpr):
+    """Grid ``(num_tokens,)``: ``Out[t, 0] = K[t]``, ``Out[t, 1] = V[t]`` (``[H, D]`` each).
+    PDL: the next kernel on the stream, if launched as a programmatic dependent (the decode
+    split kernel), starts at once and fills its pipeline while this copy runs."""
+    pdl_launch_dependents(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.arange(0, HP)
+    d = tl.arange(0, DP)
+    m = (h[:, None] < H) & (d[None, :] < D)
+    k = tl.load(K + t * s_kt + h[:, None] * s_kh + d[None, :], mask=m)
+    v = tl.load(V + t * s_vt + h[:, None] * s_vh + d[None, :], mask=m)
+    o = Out + t * s_ot + h[:, None] * s_oh + d[None, :]
+    tl.store(o, k.to(Out.dtype.element_ty), mask=m)
+    tl.store(o + s_okv, v.to(Out.dtype.element_ty), mask=m)

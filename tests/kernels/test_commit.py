@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 from views import make_view
 
-from rq_kernels import commit, commit_layers, unsupported_reason
+from rq_kernels import commit, commit_layers, stage_kv, unsupported_reason
 from rq_kernels.commit import CommitLaunch
 from rq_kernels.triton.commit import _div_rn_by
 from rq_kernels.testing import loop_kv, random_orthogonal
@@ -354,3 +354,18 @@ def test_decode_forward_commits_every_layer_at_once_with_the_per_layer_bytes(bac
         assert torch.equal(a, b)  # the same kernel over the same inputs, also on the GPU
     k3, _ = pools[0].dequantize(kv_slot(3, 2, 3), loc)  # loop 3 of layer 2: its group's anchor
     assert ((k3 - kv[kv_slot(3, 2, 3), 0].float()).norm() / k3.norm()) < 0.12
+
+
+def test_stage_kv_writes_what_torch_stack_writes(device):
+    """`stage_kv` (the pool's staging write) against its twin ``torch.stack([k, v], 1)``: K and
+    V at other strides (V a column slice of a wider projection), 3 KV heads (not a power of
+    two), into a slice of a staging buffer; rows outside untouched."""
+    gen = torch.Generator().manual_seed(12)
+    k = torch.randn(7, 3, 64, generator=gen).to(device=device, dtype=torch.bfloat16)
+    wide = torch.randn(7, 3, 128, generator=gen).to(device=device, dtype=torch.bfloat16)
+    v = wide[..., 64:]
+    staging = torch.full((2, 10, 2, 3, 64), 7.0, dtype=torch.bfloat16, device=device)
+    want = staging.clone()
+    want[1, 2:9] = torch.stack([k, v], dim=1)
+    stage_kv(k, v, staging[1, 2:9])
+    assert torch.equal(staging, want)
