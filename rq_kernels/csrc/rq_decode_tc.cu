@@ -6,13 +6,19 @@
 //
 //   K:  C_k[tok, col] = sum_k code[tok, k] * Qmask[k, col]      tokens on M (rows g, 8 + g),
 //       one N column per (head, group) of the query masked to that group (K_STEPS steps of 16).
-//   V:  C_v[row, e]  += sum_tok W[row, tok] * code[tok, e]       W = p c s_a (rows 0-7) and
-//       p s_r (rows 8-15), row = (head, group); elements on N (D / 8 n-tiles of 8). Without a
-//       residual (R_BITS 0) rows 8-15 hold W_a - bf16(W_a), the anchor weights' bf16 remainder.
+//   V:  C_v[e, col] += sum_tok code[e, tok] * W[tok, col]         elements on M (D / 16 m-tiles),
+//       one N column per (head, group) of the weights W = p c s_a (anchor) or p s_r (residual).
+//       PAIRED (ROWS <= 4, e.g. MHA at head_dim 128): columns 0-3 hold the anchor's weights and
+//       4-7 the residual's (without a residual, R_BITS 0: W_a - bf16(W_a), the anchor weights'
+//       bf16 remainder) in one accumulator, one MMA per m-tile and code kind; else the anchor
+//       and the residual weights use columns 0-7 of two accumulators (without a residual: the
+//       remainder as a second MMA into the same one).
 //
 // A thread's K accumulators are tokens g, 8 + g of columns 2t, 2t + 1 (one head's groups); the
-// V A-operand fragment needs row g (head, group) at tokens 2t, 2t+1, 2t+8, 2t+9: four shuffles
-// move the head's logits there, and the weights are built in registers.
+// V B-operand fragment is column g at tokens 2t, 2t+1, 2t+8, 2t+9: four shuffles move the
+// head's logits there, and the weights are built in registers. A thread's V accumulators are
+// elements NT g + l of its slice g (l = 2 mt, 2 mt + 1) at columns 2t, 2t + 1; the epilogue
+// picks each element's (head, group) columns from the quad.
 //
 // Codes become bf16 with one LOP3 each (magic number 0x4300 = 128.0: a code c at bit position
 // pos of a 16-bit half reads as 128 + c * 2^pos). The 128 is never subtracted per element:
@@ -80,7 +86,9 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 #define SL (D / 4)           // K: elements of one token's slice t (one thread's)
 #define K_STEPS (D / 16)     // K: m16n8k16 steps per tile and loop
 #define NT (D / 8)           // V: n-tiles; elements of one token's slice g (one thread's)
-#define PAD_ROW (HEAD_DIM == 96 && grp >= NGR)  // row g = (h, grp) is head_dim 96's padding
+#define NM (NT / 2)          // V: m-tiles of 16 elements (a thread's slice g: rows g, 8 + g)
+#define PAIRED (ROWS <= 4)   // V: anchor and second weights share one accumulator (columns 0-3, 4-7)
+#define PAD_ROW (HEAD_DIM == 96 && vgrp >= NGR)  // V column's row (vh, vgrp) is head_dim 96's padding
 
 static_assert(HEAD_DIM == 64 || HEAD_DIM == 96 || HEAD_DIM == 128, "HEAD_DIM");
 static_assert(A_BITS == 2 || A_BITS == 4, "A_BITS");
@@ -385,9 +393,20 @@ template <int BITS> __device__ __forceinline__ void k_dots(const uint8_t* k, int
   unpack_k<BITS>(lds_words<KB>(k + g * pitch + t * KB), u0, magic);
   unpack_k<BITS>(lds_words<KB>(k + (8 + g) * pitch + t * KB), u1, magic);
   x[0] = x[1] = x[2] = x[3] = 0.f;
+#ifdef KSPLIT
+  float y[4] = {0.f, 0.f, 0.f, 0.f};  // odd steps: two MMA chains of half the length
+#pragma unroll
+  for (int s = 0; s < K_STEPS; s += 2) {
+    mma_bf16(x, u0[2 * s], u1[2 * s], u0[2 * s + 1], u1[2 * s + 1], qf[s][0], qf[s][1]);
+    mma_bf16(y, u0[2 * s + 2], u1[2 * s + 2], u0[2 * s + 3], u1[2 * s + 3], qf[s + 1][0], qf[s + 1][1]);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) x[i] += y[i];
+#else
 #pragma unroll
   for (int s = 0; s < K_STEPS; ++s)
     mma_bf16(x, u0[2 * s], u1[2 * s], u0[2 * s + 1], u1[2 * s + 1], qf[s][0], qf[s][1]);
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
@@ -415,17 +434,30 @@ rq_decode_tc_split(const Args A) {
   const int lo = split * per_split;
   const int hi = min(lo + per_split, seq);
 
-  // ---- this thread's rows: g = (head h, group grp) when g < ROWS; its K slice t is group gt
-  // (head_dim 96: group 3, slice 3 and rows (h, 3) are padding: PAD_ROW)
+  // ---- this thread's K query column: g = (head h, group grp) when g < ROWS; its K slice t is
+  // group gt (head_dim 96: group 3, slice 3 and rows (h, 3) are padding)
   const int gt = (SL * t) / GS;
   const int grp = g % NG;
   const int h = g / NG;
   const bool row_ok = g < ROWS;
   const bool a_rows = row_ok && grp == gt && (HEAD_DIM != 96 || gt < NGR);  // slice t feeds row g
+  // V: this thread builds the weights of B column g, row vr = (head vh, group vgrp); PAIRED, the
+  // columns g >= 4 (second) carry the second term's weights of row g - 4
+  const int vr = PAIRED ? (g & 3) : g;
+  const bool second = PAIRED && g >= 4;
+  const int vgrp = vr % NG, vh = vr / NG;
+  const bool v_ok = vr < ROWS;
 
-  float cv[NT][4];
+  float cv[NM][4];  // V: elements NT g + 2 mt (0, 1) and NT g + 2 mt + 1 (2, 3), columns 2t, 2t + 1
 #pragma unroll
-  for (int l = 0; l < NT; ++l) cv[l][0] = cv[l][1] = cv[l][2] = cv[l][3] = 0.f;
+  for (int l = 0; l < NM; ++l) cv[l][0] = cv[l][1] = cv[l][2] = cv[l][3] = 0.f;
+#if !PAIRED && R_BITS > 0
+  float cw[NM][4];  // the residual's, same map
+#pragma unroll
+  for (int l = 0; l < NM; ++l) cw[l][0] = cw[l][1] = cw[l][2] = cw[l][3] = 0.f;
+#endif
+  // l_run: sum p of head vh; sw_a (sw_r): sum of the bf16 weights fed to column g (of the
+  // residual's accumulator); m_off: sum p (c m_a + m_r) of this thread's part
   float m_run = -INFINITY, l_run = 0.f, sw_a = 0.f, sw_r = 0.f, m_off = 0.f;
 
   extern __shared__ __align__(16) uint8_t smem[];  // [WARPS][STAGES][STAGE_BYTES]
@@ -549,12 +581,14 @@ rq_decode_tc_split(const Args A) {
     cf_r[c] = __shfl_sync(0xffffffffu, fold_r, 4 * (2 * t + c));
     cq[c] = __shfl_sync(0xffffffffu, qsum, 4 * (2 * t + c));
   }
-  // the lane (of quad 0) whose columns belong to this thread's V head h
-  const int src_t = (h * NG) / 2 < 4 ? (h * NG) / 2 : 0;
+  // the lane (of quad 0) whose columns belong to this thread's V head vh
+  const int src_t = (vh * NG) / 2 < 4 ? (vh * NG) / 2 : 0;
   // the head of this thread's K columns 2t, 2t + 1 (a padding column's: head 0; its logits are
-  // -inf) and that head's running max, kept beside m_run (this thread's V head h's)
+  // -inf) and that head's running max, kept beside m_run (this thread's V head vh's)
   const int ht_k = col_ok ? (2 * t) / NG : 0;
   float m_run_k = -INFINITY;
+  // where the (scale, offset) rows of this thread's V weights start (PAIRED: its kind's)
+  const int so_v = so_offset(A, hk, second && R_BITS > 0 ? 3 : 1);
 
 #if HAS_COEF
   // which half of a coefficient word holds this KV head's K / V value (the same for every row)
@@ -616,14 +650,14 @@ rq_decode_tc_split(const Args A) {
       lg[u][j] = (col_ok && n + tk < hi) ? acc * A.qk_scale : -INFINITY;
     }
     }
-    // logits of head h for the V tokens 2t + (i & 1) + 8 (i >> 1), from the threads holding them
+    // logits of head vh for the V tokens 2t + (i & 1) + 8 (i >> 1), from the threads holding them
     float qk[SUBT][4], cvv[SUBT][4];
 #pragma unroll
     for (int u = 0; u < SUBT; ++u) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         qk[u][i] = __shfl_sync(0xffffffffu, lg[u][i >> 1], 4 * (2 * t + (i & 1)) + src_t);
-        if (!row_ok || PAD_ROW) qk[u][i] = -INFINITY;
+        if (!v_ok || PAD_ROW) qk[u][i] = -INFINITY;
 #if HAS_COEF
         cvv[u][i] = coef_of(stps[u], 1, 2 * t + (i & 1) + 8 * (i >> 1), sh_v);
 #else
@@ -638,7 +672,7 @@ rq_decode_tc_split(const Args A) {
 #pragma unroll
     for (int u = 0; u < SUBT; ++u) over |= fmaxf(lg[u][0], lg[u][1]) > m_run_k + 8.f;
     if (__any_sync(0xffffffffu, over)) {
-      // max of head ht over the iteration's tokens, then of this thread's V head h
+      // max of head ht over the iteration's tokens, then of this thread's V head vh
       float mt = fmaxf(lg[0][0], lg[0][1]);
 #pragma unroll
       for (int u = 1; u < SUBT; ++u) mt = fmaxf(mt, fmaxf(lg[u][0], lg[u][1]));
@@ -646,12 +680,19 @@ rq_decode_tc_split(const Args A) {
       mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 8));
       mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 16));
       mt = __shfl_sync(0xffffffffu, mt, src_t);
-      if (!row_ok) mt = -INFINITY;
+      if (!v_ok) mt = -INFINITY;
       const float m_new = fmaxf(m_run, mt);
       const float f = m_new == -INFINITY ? 1.f : exp2f(m_run - m_new);
+      // the accumulator columns 2t, 2t + 1 belong to the heads of columns 2t, 2t + 1: their
+      // factors come from quads 2t, 2t + 1 (which build those columns' weights)
+      const float f0 = __shfl_sync(0xffffffffu, f, 4 * (2 * t));
+      const float f1 = __shfl_sync(0xffffffffu, f, 4 * (2 * t + 1));
 #pragma unroll
-      for (int l = 0; l < NT; ++l) {
-        cv[l][0] *= f; cv[l][1] *= f; cv[l][2] *= f; cv[l][3] *= f;
+      for (int l = 0; l < NM; ++l) {
+        cv[l][0] *= f0; cv[l][1] *= f1; cv[l][2] *= f0; cv[l][3] *= f1;
+#if !PAIRED && R_BITS > 0
+        cw[l][0] *= f0; cw[l][1] *= f1; cw[l][2] *= f0; cw[l][3] *= f1;
+#endif
       }
       l_run *= f; sw_a *= f; sw_r *= f; m_off *= f;
       m_run = m_new;
@@ -661,42 +702,57 @@ rq_decode_tc_split(const Args A) {
 #pragma unroll
     for (int u = 0; u < SUBT; ++u) {
     const uint8_t* stp = stps[u];
-    // ---- weights W = p c s_a (rows 0-7) and p s_r (rows 8-15), as the V MMA's A fragments
+    // ---- weights of B column g for tokens 2t + (i & 1) + 8 (i >> 1): p c s_a (the anchor's),
+    // p s_r (the residual's) or, PAIRED without a residual, the anchor's bf16 remainder
     float wa[4];
-#if R_BITS > 0
+#if !PAIRED && R_BITS > 0
     float wr[4];
 #endif
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const float p = qk[u][i] == -INFINITY ? 0.f : exp2f(qk[u][i] - m_run);
       const int tk = 2 * t + (i & 1) + 8 * (i >> 1);
-      const float2 sa = fp8x2(so_pair(stp, 1, tk, PAD_ROW ? 0 : grp, so_offset(A, hk, 1)));
+#if PAIRED && R_BITS > 0
+      // the anchor's (kind 1, times c) or the residual's (kind 3) scale and offset
+      const float2 s = fp8x2(so_pair(stp, second ? 3 : 1, tk, PAD_ROW ? 0 : vgrp, so_v));
+      const float pc = second ? p : p * cvv[u][i];
+      wa[i] = pc * s.x;
+      m_off += pc * s.y;
+#else
+      const float2 sa = fp8x2(so_pair(stp, 1, tk, PAD_ROW ? 0 : vgrp, so_v));
       wa[i] = p * cvv[u][i] * sa.x;
-      float off = cvv[u][i] * sa.y;
 #if R_BITS > 0
-      const float2 sr = fp8x2(so_pair(stp, 3, tk, PAD_ROW ? 0 : grp, so_offset(A, hk, 3)));
+      const float2 sr = fp8x2(so_pair(stp, 3, tk, PAD_ROW ? 0 : vgrp, so_offset(A, hk, 3)));
       wr[i] = p * sr.x;
-      off += sr.y;
+      m_off += p * (cvv[u][i] * sa.y + sr.y);
+#else
+      m_off += second ? 0.f : p * cvv[u][i] * sa.y;
+#endif
 #endif
       l_run += p;
-      m_off += p * off;
     }
-    const uint32_t wa01 = pack_bf16(wa[0], wa[1]), wa89 = pack_bf16(wa[2], wa[3]);
-    sw_a += bf16_lo(wa01) + bf16_hi(wa01) + bf16_lo(wa89) + bf16_hi(wa89);
-#if R_BITS > 0
-    const uint32_t wr01 = pack_bf16(wr[0], wr[1]), wr89 = pack_bf16(wr[2], wr[3]);
+    uint32_t wa01 = pack_bf16(wa[0], wa[1]), wa89 = pack_bf16(wa[2], wa[3]);
+#if R_BITS == 0
+    // no residual: the weights' bf16 remainder W - bf16(W) (exact in fp32) goes through the same
+    // anchor codes, so W reaches the MMA to ~16 bits. bf16(W) alone errs by up to 2^-9 W code,
+    // not 2^-9 W (code + m / s): in a group with a large offset (an outlier's range) that is
+    // several times bf16 SDPA's error.
+    const uint32_t lo01 = pack_bf16(wa[0] - bf16_lo(wa01), wa[1] - bf16_hi(wa01));
+    const uint32_t lo89 = pack_bf16(wa[2] - bf16_lo(wa89), wa[3] - bf16_hi(wa89));
+#if PAIRED
+    if (second) { wa01 = lo01; wa89 = lo89; }
 #else
-    // anchor-only loop: rows 8-15 of the V MMA are free, so they carry the bf16 remainder
-    // W - bf16(W) of the weights (exact in fp32): W reaches the MMA to ~16 bits at no extra MMA.
-    // bf16(W) alone errs by up to 2^-9 W code, not 2^-9 W (code + m / s): in a group with a
-    // large offset (an outlier's range) that is several times bf16 SDPA's error.
-    const uint32_t wr01 = pack_bf16(wa[0] - bf16_lo(wa01), wa[1] - bf16_hi(wa01));
-    const uint32_t wr89 = pack_bf16(wa[2] - bf16_lo(wa89), wa[3] - bf16_hi(wa89));
+    sw_a += bf16_lo(lo01) + bf16_hi(lo01) + bf16_lo(lo89) + bf16_hi(lo89);
 #endif
+#endif
+    sw_a += bf16_lo(wa01) + bf16_hi(wa01) + bf16_lo(wa89) + bf16_hi(wa89);
+#if !PAIRED && R_BITS > 0
+    const uint32_t wr01 = pack_bf16(wr[0], wr[1]), wr89 = pack_bf16(wr[2], wr[3]);
     sw_r += bf16_lo(wr01) + bf16_hi(wr01) + bf16_lo(wr89) + bf16_hi(wr89);
+#endif
 
-    // ---- V: NT n-tiles of 8 elements; column c of n-tile l is element NT c + l (B column g:
-    // this thread's slice g of NT elements)
+    // ---- V: NM m-tiles; rows g, 8 + g of m-tile mt are elements NT g + 2 mt, NT g + 2 mt + 1
+    // (this thread's slice g of NT elements, unpacked as (token, token) pairs)
     {
       uint32_t u01[NT], u89[NT];
       constexpr int VA = NT * A_BITS / 8;  // bytes of one token's slice
@@ -706,12 +762,22 @@ rq_decode_tc_split(const Args A) {
         va[i] = lds_words<VA>(stp + OFF_VA + (2 * t + (i & 1) + 8 * (i >> 1)) * BA + g * VA);
       unpack_v<A_BITS>(va[0], va[1], u01, magic);
       unpack_v<A_BITS>(va[2], va[3], u89, magic);
-#if R_BITS > 0
+#if PAIRED && R_BITS > 0
+      {  // the anchor's columns 0-3 only
+        const uint32_t b0 = second ? 0u : wa01, b1 = second ? 0u : wa89;
 #pragma unroll
-      for (int l = 0; l < NT; ++l) mma_bf16(cv[l], wa01, 0u, wa89, 0u, u01[l], u89[l]);
-#else  // rows 8-15: the weights' bf16 remainder, over the same anchor codes
+        for (int m = 0; m < NM; ++m)
+          mma_bf16(cv[m], u01[2 * m], u01[2 * m + 1], u89[2 * m], u89[2 * m + 1], b0, b1);
+      }
+#else
 #pragma unroll
-      for (int l = 0; l < NT; ++l) mma_bf16(cv[l], wa01, wr01, wa89, wr89, u01[l], u89[l]);
+      for (int m = 0; m < NM; ++m)
+        mma_bf16(cv[m], u01[2 * m], u01[2 * m + 1], u89[2 * m], u89[2 * m + 1], wa01, wa89);
+#if R_BITS == 0 && !PAIRED  // the remainder, over the same anchor codes
+#pragma unroll
+      for (int m = 0; m < NM; ++m)
+        mma_bf16(cv[m], u01[2 * m], u01[2 * m + 1], u89[2 * m], u89[2 * m + 1], lo01, lo89);
+#endif
 #endif
 #if R_BITS > 0
       constexpr int VR = NT * R_BITS / 8;
@@ -721,14 +787,24 @@ rq_decode_tc_split(const Args A) {
         vr[i] = lds_words<VR>(stp + OFF_VR + (2 * t + (i & 1) + 8 * (i >> 1)) * BR + g * VR);
       unpack_v<R_BITS>(vr[0], vr[1], u01, magic);
       unpack_v<R_BITS>(vr[2], vr[3], u89, magic);
+#if PAIRED
+      {  // the residual's columns 4-7 only
+        const uint32_t b0 = second ? wa01 : 0u, b1 = second ? wa89 : 0u;
 #pragma unroll
-      for (int l = 0; l < NT; ++l) mma_bf16(cv[l], 0u, wr01, 0u, wr89, u01[l], u89[l]);
+        for (int m = 0; m < NM; ++m)
+          mma_bf16(cv[m], u01[2 * m], u01[2 * m + 1], u89[2 * m], u89[2 * m + 1], b0, b1);
+      }
+#else
+#pragma unroll
+      for (int m = 0; m < NM; ++m)
+        mma_bf16(cw[m], u01[2 * m], u01[2 * m + 1], u89[2 * m], u89[2 * m + 1], wr01, wr89);
+#endif
 #endif
     }
     }
   }
 
-  // ---- reduce the row sums over the quad, write this split's output and (max, sum)
+  // ---- sums over the quad (tokens): column g's weight sums, row vr's p sum and offsets
 #pragma unroll
   for (int x = 1; x <= 2; x <<= 1) {
     l_run += __shfl_xor_sync(0xffffffffu, l_run, x);
@@ -736,29 +812,57 @@ rq_decode_tc_split(const Args A) {
     sw_r += __shfl_xor_sync(0xffffffffu, sw_r, x);
     m_off += __shfl_xor_sync(0xffffffffu, m_off, x);
   }
-  const int64_t row = ((int64_t)b * A.num_qo_heads + hk * GQ + h) * A.num_splits + split;
-  if (row_ok) {
-    float* o = A.mid_o + row * D;
+  // the weight sums of this thread's accumulator columns 2t, 2t + 1 (built by quads 2t, 2t + 1)
+  float swc_a[2];
+#if !PAIRED && R_BITS > 0
+  float swc_r[2];
+#endif
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    swc_a[c] = __shfl_sync(0xffffffffu, sw_a, 4 * (2 * t + c));
+#if !PAIRED && R_BITS > 0
+    swc_r[c] = __shfl_sync(0xffffffffu, sw_r, 4 * (2 * t + c));
+#endif
+  }
+  // ---- per head: element NT g + l (group ge) is column (head, ge)'s anchor term plus its second
+  // term (PAIRED: column 4 + that; else the residual accumulator's same column), summed over the
+  // quad; thread t writes the elements l = t mod 4
+  const int ge = (NT * g) / GS;
+#pragma unroll
+  for (int hq = 0; hq < GQ; ++hq) {
+    const int col = hq * NG + ge;
+    float moff = __shfl_sync(0xffffffffu, m_off, 4 * col);
+    if (PAIRED) moff += __shfl_sync(0xffffffffu, m_off, 4 * (col + 4));
+    const int64_t row = ((int64_t)b * A.num_qo_heads + hk * GQ + hq) * A.num_splits + split;
+    float* o = A.mid_o + row * D + NT * g;
 #pragma unroll
     for (int l = 0; l < NT; ++l) {
+      constexpr int HA = 16 / A_BITS;
+#if R_BITS > 0
+      constexpr int HR = 16 / R_BITS;
+#endif
+      float v = 0.f;
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const int e = NT * (2 * t + c) + l;
-        if (e / GS != grp) continue;
-        constexpr int HA = 16 / A_BITS;
-        float v = (cv[l][c] - 128.f * sw_a) * pos_scale<A_BITS>(l % HA);
-#if R_BITS > 0
-        constexpr int HR = 16 / R_BITS;
-        v += (cv[l][2 + c] - 128.f * sw_r) * pos_scale<R_BITS>(l % HR);
-#else  // the remainder rows (anchor codes)
-        v += (cv[l][2 + c] - 128.f * sw_r) * pos_scale<A_BITS>(l % HA);
+        const int n = 2 * t + c;
+        const float x = cv[l / 2][2 * (l % 2) + c];
+        if (n == col) v += (x - 128.f * swc_a[c]) * pos_scale<A_BITS>(l % HA);
+#if PAIRED && R_BITS > 0
+        if (n == col + 4) v += (x - 128.f * swc_a[c]) * pos_scale<R_BITS>(l % HR);
+#elif PAIRED  // the remainder's columns, over the anchor codes
+        if (n == col + 4) v += (x - 128.f * swc_a[c]) * pos_scale<A_BITS>(l % HA);
+#elif R_BITS > 0
+        if (n == col) v += (cw[l / 2][2 * (l % 2) + c] - 128.f * swc_r[c]) * pos_scale<R_BITS>(l % HR);
 #endif
-        o[e] = PAD_ROW ? 0.f : v + m_off;  // head_dim 96: the padding columns are 0
       }
+      v += __shfl_xor_sync(0xffffffffu, v, 1);
+      v += __shfl_xor_sync(0xffffffffu, v, 2);
+      if (l % 4 == t) o[l] = (HEAD_DIM == 96 && ge >= NGR) ? 0.f : v + moff;  // 96: padding is 0
     }
-    if (grp == 0 && t == 0) {
-      A.mid_ml[row * 2] = lo < hi ? m_run : -1.0e30f;
-      A.mid_ml[row * 2 + 1] = l_run;
-    }
+  }
+  if (v_ok && !second && vgrp == 0 && t == 0) {
+    const int64_t row = ((int64_t)b * A.num_qo_heads + hk * GQ + vh) * A.num_splits + split;
+    A.mid_ml[row * 2] = lo < hi ? m_run : -1.0e30f;
+    A.mid_ml[row * 2 + 1] = l_run;
   }
 }

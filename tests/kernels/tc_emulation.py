@@ -106,8 +106,9 @@ def xor(v, m):
 
 def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_bits, r_bits,
                  qk_scale, num_splits, num_qo_heads, lazy=True, round_w=True, w_split=True):
-    """w_split: the anchor-only loop (r_bits 0) carries the bf16 remainder of its V weights in
-    the MMA's rows 8-15 (the fix); False mirrors the kernel before it. Returns mid_o [B, HQ, S, D], mid_ml [B, HQ, S, 2] (numpy fp32)."""
+    """w_split: the anchor-only loop (r_bits 0) carries the bf16 remainder of its V weights (paired:
+    in B columns 4-7; else as a second MMA into the same accumulator; the fix); False mirrors
+    the kernel before it (bf16 weights only). Returns mid_o [B, HQ, S, D], mid_ml [B, HQ, S, 2] (numpy fp32)."""
     ac, aso, rc, rso, cf = tensors  # numpy: codes [rows, 2, H, bytes], so [rows, 2, H, NG, 2], cf [rows, 2, H] fp32
     hd = head_dim
     D = 64 if hd == 64 else 128
@@ -126,7 +127,15 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
     a_rows = row_ok & (grp == gt)
     cg = (2 * T) % NG
     col_ok = 2 * T < ROWS
-    src_t = np.where((h * NG) // 2 < 4, (h * NG) // 2, 0)
+    # V: lane g builds B column g, row vr = (head vh, group vgrp); paired (ROWS <= 4): columns
+    # g >= 4 carry the second term (residual, or the anchor weights' bf16 remainder) of row g - 4
+    paired = ROWS <= 4
+    NM = NT // 2
+    vr = np.where(paired, G & 3, G)
+    second = paired & (G >= 4)
+    vgrp, vh = vr % NG, vr // NG
+    v_ok = vr < ROWS
+    src_t = np.where((vh * NG) // 2 < 4, (vh * NG) // 2, 0)
 
     def k_elem(r, half, bits):
         H = 16 // bits
@@ -173,7 +182,8 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
                 lo = split * per_split
                 hi = min(lo + per_split, seq)
                 ntiles = (hi - lo + 15) // 16 if lo < hi else 0
-                cv = np.zeros((NT, 32, 4), F32)
+                cv = np.zeros((NM, 32, 4), F32)  # rows g, 8 + g: elements NT g + 2m, + 1
+                cw = np.zeros((NM, 32, 4), F32)  # the residual's (not paired)
                 m_run = np.full(32, -np.inf, F32)
                 l_run = np.zeros(32, F32)
                 sw_a = np.zeros(32, F32)
@@ -240,16 +250,19 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
                     cvv = []
                     for i in range(4):
                         v = shfl(lg[i >> 1], 4 * (2 * T + (i & 1)) + src_t)
-                        qk.append(np.where(row_ok, v, -np.inf).astype(F32))
+                        qk.append(np.where(v_ok, v, -np.inf).astype(F32))
                         tk = 2 * T + (i & 1) + 8 * (i >> 1)
                         cvv.append(cvf[tk] if cf is not None else np.ones(32, F32))
-                    mt = np.where(row_ok, mt, -np.inf)
+                    mt = np.where(v_ok, mt, -np.inf)
                     thr = 8.0 if lazy else 0.0
                     if np.any(mt > m_run + thr):
                         m_new = np.maximum(m_run, mt)
                         with np.errstate(invalid="ignore"):
                             f = np.where(m_new == -np.inf, F32(1), np.exp2(m_run - m_new)).astype(F32)
-                        cv *= f[None, :, None]
+                        # accumulator columns 2t, 2t + 1: the factors of their heads (quads 2t, 2t + 1)
+                        fc = np.stack([shfl(f, 4 * (2 * T + c)) for c in (0, 1, 0, 1)], axis=1)
+                        cv *= fc[None]
+                        cw *= fc[None]
                         l_run *= f
                         sw_a *= f
                         sw_r *= f
@@ -260,28 +273,42 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
                         with np.errstate(invalid="ignore"):
                             p = np.where(qk[i] == -np.inf, F32(0), np.exp2(qk[i] - m_run)).astype(F32)
                         tk = 2 * T + (i & 1) + 8 * (i >> 1)
-                        sx = fp8(sva[tk, 2 * grp])
-                        sy = fp8(sva[tk, 2 * grp + 1])
-                        wa.append((p * cvv[i] * sx).astype(F32))
-                        off = cvv[i] * sy
+                        sx = fp8(sva[tk, 2 * vgrp])
+                        sy = fp8(sva[tk, 2 * vgrp + 1])
                         if r_bits:
-                            rx = fp8(svr[tk, 2 * grp])
-                            ry = fp8(svr[tk, 2 * grp + 1])
-                            wr.append((p * rx).astype(F32))
-                            off = off + ry
+                            rx = fp8(svr[tk, 2 * vgrp])
+                            ry = fp8(svr[tk, 2 * vgrp + 1])
+                        if paired and r_bits:  # column g: the anchor's (g < 4) or residual's
+                            pc = np.where(second, p, (p * cvv[i]).astype(F32))
+                            wa.append((pc * np.where(second, rx, sx)).astype(F32))
+                            m_off = (m_off + pc * np.where(second, ry, sy)).astype(F32)
+                        elif paired:
+                            wa.append((p * cvv[i] * sx).astype(F32))
+                            m_off = (m_off + np.where(second, F32(0), p * cvv[i] * sy)).astype(F32)
+                        else:
+                            wa.append((p * cvv[i] * sx).astype(F32))
+                            off = cvv[i] * sy
+                            if r_bits:
+                                wr.append((p * rx).astype(F32))
+                                off = off + ry
+                            m_off = (m_off + p * off).astype(F32)
                         l_run = l_run + p
-                        m_off = (m_off + p * off).astype(F32)
                     rw = bf16r if round_w else (lambda z: z)
                     wa_raw = wa
                     wa = [rw(z) for z in wa]
+                    wlo = None
+                    if not r_bits:  # the bf16 remainder of the anchor weights (w_split)
+                        rem = [bf16r((w_ - r_).astype(F32)) if w_split else np.zeros(32, F32)
+                               for w_, r_ in zip(wa_raw, wa)]
+                        if paired:  # columns 4-7
+                            wa = [np.where(second, r_, w_) for r_, w_ in zip(rem, wa)]
+                        elif w_split:  # a second MMA into the same accumulator
+                            wlo = rem
+                            sw_a = (sw_a + rem[0] + rem[1] + rem[2] + rem[3]).astype(F32)
                     sw_a = (sw_a + wa[0] + wa[1] + wa[2] + wa[3]).astype(F32)
-                    if r_bits:
+                    if r_bits and not paired:
                         wr = [rw(z) for z in wr]
                         sw_r = (sw_r + wr[0] + wr[1] + wr[2] + wr[3]).astype(F32)
-                    elif w_split:  # rows 8-15: the bf16 remainder of the anchor weights
-                        wr = [bf16r((w_ - r_).astype(F32)) for w_, r_ in zip(wa_raw, wa)]
-                        sw_r = (sw_r + wr[0] + wr[1] + wr[2] + wr[3]).astype(F32)
-                    zero = (np.zeros(32, F32), np.zeros(32, F32))
 
                     def v_regs(buf, bits):
                         VB = NT * bits // 8
@@ -299,43 +326,63 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
                             out.append(regs)
                         return out
 
+                    def bf(w, keep=True):  # B fragments of column g: tokens (2t, 2t+1), (2t+8, 2t+9)
+                        w = [np.where(keep, z, F32(0)) for z in w]
+                        return ((w[0], w[1]), (w[2], w[3]))
+
+                    def af(u01, u89, m):  # rows g, 8 + g of m-tile m: elements NT g + 2m, + 1
+                        return (u01[2 * m], u01[2 * m + 1], u89[2 * m], u89[2 * m + 1])
+
                     u01, u89 = v_regs(va, a_bits)
-                    lo01, lo89 = ((wr[0], wr[1]), (wr[2], wr[3])) if (not r_bits and w_split) else (zero, zero)
-                    for li in range(NT):
-                        cv[li] = mma(cv[li], ((wa[0], wa[1]), lo01, (wa[2], wa[3]), lo89),
-                                    (u01[li], u89[li]))
+                    for m in range(NM):
+                        cv[m] = mma(cv[m], af(u01, u89, m), bf(wa, ~second if r_bits else True))
+                        if wlo is not None:
+                            cv[m] = mma(cv[m], af(u01, u89, m), bf(wlo))
                     if r_bits:
                         u01, u89 = v_regs(vr_, r_bits)
-                        for li in range(NT):
-                            cv[li] = mma(cv[li], (zero, (wr[0], wr[1]), zero, (wr[2], wr[3])),
-                                        (u01[li], u89[li]))
+                        for m in range(NM):
+                            if paired:
+                                cv[m] = mma(cv[m], af(u01, u89, m), bf(wa, second))
+                            else:
+                                cw[m] = mma(cw[m], af(u01, u89, m), bf(wr))
                 for m in (1, 2):
                     l_run = l_run + xor(l_run, m)
                     sw_a = sw_a + xor(sw_a, m)
                     sw_r = sw_r + xor(sw_r, m)
                     m_off = m_off + xor(m_off, m)
-                for lane in range(32):
-                    g, t = lane >> 2, lane & 3
-                    if g >= ROWS:
-                        continue
-                    hh, gr = g // NG, g % NG
+                swa_c = [shfl(sw_a, 4 * (2 * T + c)) for c in range(2)]
+                swr_c = [shfl(sw_r, 4 * (2 * T + c)) for c in range(2)]
+                ge = (NT * G) // gs
+                sb = r_bits or a_bits
+                for hq in range(gq):
+                    col = hq * NG + ge
+                    moff = shfl(m_off, 4 * col)
+                    if paired:
+                        moff = (moff + shfl(m_off, 4 * (col + 4))).astype(F32)
                     for li in range(NT):
+                        v = np.zeros(32, F32)
                         for c in range(2):
-                            e = NT * (2 * t + c) + li
-                            if e // gs != gr:
-                                continue
-                            v = F32(cv[li, lane, c] - F32(128) * sw_a[lane]) * F32(1.0 / (1 << pos(li % HA, a_bits)))
-                            if r_bits:
-                                HR = 16 // r_bits
-                                v += F32(cv[li, lane, 2 + c] - F32(128) * sw_r[lane]) * F32(1.0 / (1 << pos(li % HR, r_bits)))
-                            else:  # 0 unless w_split
-                                v += F32(cv[li, lane, 2 + c] - F32(128) * sw_r[lane]) * F32(1.0 / (1 << pos(li % HA, a_bits)))
-                            mid_o[b, hk * gq + hh, split, e] = v + m_off[lane]
-                    if gr == 0 and t == 0:
-                        mid_ml[b, hk * gq + hh, split, 0] = m_run[lane] if lo < hi else -1e30
-                        mid_ml[b, hk * gq + hh, split, 1] = l_run[lane]
+                            ncol = 2 * T + c
+                            x = cv[li // 2][:, 2 * (li % 2) + c]
+                            pa = F32(1.0 / (1 << pos(li % HA, a_bits)))
+                            v = v + np.where(ncol == col, (x - F32(128) * swa_c[c]) * pa, F32(0))
+                            if paired:
+                                ps = F32(1.0 / (1 << pos(li % (16 // sb), sb)))
+                                v = v + np.where(ncol == col + 4, (x - F32(128) * swa_c[c]) * ps, F32(0))
+                            elif r_bits:
+                                y = cw[li // 2][:, 2 * (li % 2) + c]
+                                pr = F32(1.0 / (1 << pos(li % (16 // r_bits), r_bits)))
+                                v = v + np.where(ncol == col, (y - F32(128) * swr_c[c]) * pr, F32(0))
+                            v = v.astype(F32)
+                        v = (v + xor(v, 1)).astype(F32)
+                        v = (v + xor(v, 2)).astype(F32)
+                        w_ = T == li % 4
+                        mid_o[b, hk * gq + hq, split, NT * G[w_] + li] = (v + moff)[w_]
+                for lane in range(32):
+                    if v_ok[lane] and not second[lane] and vgrp[lane] == 0 and lane & 3 == 0:
+                        mid_ml[b, hk * gq + vh[lane], split, 0] = m_run[lane] if lo < hi else -1e30
+                        mid_ml[b, hk * gq + vh[lane], split, 1] = l_run[lane]
     return mid_o, mid_ml
-
 
 def merge(q, k_cur, v_cur, mid_o, mid_ml, qk_scale, gq):
     """rq_decode_merge_kernel without rotation, fp32 (returns fp32, before the bf16 store)."""

@@ -189,33 +189,49 @@ def _tile(hd, gs, gq, a_bits, r_bits, hi, seed):
     mt = [max(lg[lane]) for lane in lanes]
     for m in (4, 8, 16):
         mt = [max(mt[lane], mt[lane ^ m]) for lane in lanes]
-    wa, wr, l_run, m_off, sw = {}, {}, [0.0] * 32, [0.0] * 32, [[0.0] * 32, [0.0] * 32]
+    # ---- V weights: lane g builds B column g: row vr = (head vh, group vgrp); PAIRED (rows <= 4)
+    # columns 4-7 carry the second term of row g - 4 (the residual's, or without one the anchor
+    # weights' bf16 remainder: 0 in this exact arithmetic); else column g in two accumulators
+    paired = rows <= 4
+    w1, w2, l_run, m_off = {}, {}, [0.0] * 32, [0.0] * 32
+    second_of, vrow = {}, {}
     for lane in lanes:
         g, t = lane >> 2, lane & 3
-        grp, h = g % ng, g // ng
-        row_ok, pad = g < rows, hd == 96 and grp >= ngr
-        src_t = h * ng // 2 if h * ng // 2 < 4 else 0
-        m_run = mt[src_t] if row_ok else -INF
-        wa[lane], wr[lane] = [], []
+        vr = (g & 3) if paired else g
+        second = paired and g >= 4
+        vgrp, vh = vr % ng, vr // ng
+        v_ok, pad = vr < rows, hd == 96 and vgrp >= ngr
+        second_of[lane], vrow[lane] = second, (vh, vgrp, v_ok)
+        src_t = vh * ng // 2 if vh * ng // 2 < 4 else 0
+        m_run = mt[src_t] if v_ok else -INF
+        w1[lane], w2[lane] = [], []
         for i in range(4):
             qk = lg[4 * (2 * t + (i & 1)) + src_t][i >> 1]
-            if not row_ok or pad:
+            if not v_ok or pad:
                 qk = -INF
             p = 0.0 if qk == -INF else 2 ** (qk - m_run)
             tk = 2 * t + (i & 1) + 8 * (i >> 1)
-            sa = so_pair(1, tk, 0 if pad else grp)
-            wa[lane].append(p * coef[1][tk] * sa[0])
-            off = coef[1][tk] * sa[1]
-            if r_bits:
-                sr = so_pair(3, tk, 0 if pad else grp)
-                wr[lane].append(p * sr[0])
-                off += sr[1]
+            sa = so_pair(1, tk, 0 if pad else vgrp)
+            if paired and r_bits and second:
+                sr = so_pair(3, tk, 0 if pad else vgrp)
+                w1[lane].append(p * sr[0])
+                m_off[lane] += p * sr[1]
+            elif paired and second:  # the remainder of exact weights
+                w1[lane].append(0.0)
+            else:
+                w1[lane].append(p * coef[1][tk] * sa[0])
+                off = coef[1][tk] * sa[1]
+                if r_bits and not paired:
+                    sr = so_pair(3, tk, 0 if pad else vgrp)
+                    w2[lane].append(p * sr[0])
+                    off += sr[1]
+                m_off[lane] += p * off
             l_run[lane] += p
-            m_off[lane] += p * off
-        sw[0][lane] = sum(wa[lane])
-        sw[1][lane] = sum(wr[lane])
-    # ---- V: n-tile l, column c -> element nt * c + l
-    cv = [[[0.0] * 4 for _ in range(nt)] for _ in lanes]
+    sw = [[sum(w1[lane]) for lane in lanes], [sum(w2[lane]) for lane in lanes]]
+    # ---- V MMAs: rows g, 8 + g of m-tile m are elements nt g + 2m, nt g + 2m + 1
+    nm = nt // 2
+    cv = [[[0.0] * 4 for _ in range(nm)] for _ in lanes]
+    cw = [[[0.0] * 4 for _ in range(nm)] for _ in lanes]
     for lp, b in enumerate((a_bits, r_bits)):
         if not b:
             continue
@@ -234,34 +250,51 @@ def _tile(hd, gs, gq, a_bits, r_bits, hi, seed):
                         regs += _unpack_word(_perm(a_[w], b_[w], 0x7632), b)
                 pair.append(regs)
             u[lane] = pair
-        z = (0.0, 0.0)
-        for l_ in range(nt):
-            frag = {lane: ((tuple(wa[lane][0:2]), z, tuple(wa[lane][2:4]), z) if lp == 0 else
-                           (z, tuple(wr[lane][0:2]), z, tuple(wr[lane][2:4]))) for lane in lanes}
-            c = _mma(frag, {lane: (u[lane][0][l_], u[lane][1][l_]) for lane in lanes})
+
+        def bfrag(lane):
+            if paired:
+                keep = second_of[lane] == (lp == 1) or not r_bits
+                w = w1[lane] if keep else [0.0] * 4
+            else:
+                w = w1[lane] if lp == 0 else w2[lane]
+            return (tuple(w[0:2]), tuple(w[2:4]))
+
+        acc = cw if lp == 1 and not paired else cv
+        for m in range(nm):
+            c = _mma({lane: (u[lane][0][2 * m], u[lane][0][2 * m + 1], u[lane][1][2 * m],
+                             u[lane][1][2 * m + 1]) for lane in lanes},
+                     {lane: bfrag(lane) for lane in lanes})
             for lane in lanes:
-                cv[lane][l_] = [a + v for a, v in zip(cv[lane][l_], c[lane])]
+                acc[lane][m] = [a + v for a, v in zip(acc[lane][m], c[lane])]
     l_run, m_off, sw = quad(l_run), quad(m_off), [quad(s) for s in sw]
+    # ---- epilogue: element nt g + l's columns (head, group ge) picked over the quad
     out = [[None] * d for _ in range(gq)]
     writes = [[0] * d for _ in range(gq)]
     ml = {}
+    sb = r_bits or a_bits  # the second term's codes
+    for hq, g in itertools.product(range(gq), range(8)):
+        ge = nt * g // gs
+        col = hq * ng + ge
+        moff = m_off[4 * col] + (m_off[4 * (col + 4)] if paired else 0.0)
+        for l_ in range(nt):
+            v = 0.0
+            for t, c in itertools.product(range(4), range(2)):
+                n, lane = 2 * t + c, 4 * g + t
+                x = cv[lane][l_ // 2][2 * (l_ % 2) + c]
+                if n == col:
+                    v += (x - 128 * sw[0][4 * n]) / 2 ** _pos(l_ % (16 // a_bits), a_bits)
+                    if r_bits and not paired:
+                        y = cw[lane][l_ // 2][2 * (l_ % 2) + c]
+                        v += (y - 128 * sw[1][4 * n]) / 2 ** _pos(l_ % (16 // r_bits), r_bits)
+                if paired and n == col + 4:
+                    v += (x - 128 * sw[0][4 * n]) / 2 ** _pos(l_ % (16 // sb), sb)
+            e = nt * g + l_
+            out[hq][e] = 0.0 if hd == 96 and ge >= ngr else v + moff
+            writes[hq][e] += 1
     for lane in lanes:
-        g, t = lane >> 2, lane & 3
-        grp, h = g % ng, g // ng
-        if g >= rows:
-            continue
-        for l_, c in itertools.product(range(nt), range(2)):
-            e = nt * (2 * t + c) + l_
-            if e // gs != grp:
-                continue
-            v = (cv[lane][l_][c] - 128 * sw[0][lane]) / 2 ** _pos(l_ % (16 // a_bits), a_bits)
-            if r_bits:
-                v += (cv[lane][l_][2 + c] - 128 * sw[1][lane]) / 2 ** _pos(l_ % (16 // r_bits),
-                                                                          r_bits)
-            out[h][e] = 0.0 if hd == 96 and grp >= ngr else v + m_off[lane]
-            writes[h][e] += 1
-        if grp == 0 and t == 0:
-            ml[h] = l_run[lane]
+        vh, vgrp, v_ok = vrow[lane]
+        if v_ok and not second_of[lane] and vgrp == 0 and lane & 3 == 0:
+            ml[vh] = l_run[lane]
     # ---- the direct computation over the dequantized codes
     def deq(k, tok, e):  # kind k's value of element e (anchor: times the LSQ coefficient)
         s, m = (_fp8(v) for v in so_b[k][tok][e // gs])

@@ -9,8 +9,8 @@ reproduces those numbers. Cause: the V weights W = p s_a went to the MMA as bf16
 2^-9 W code per token, not 2^-9 p (s_a code + m_a): in a group holding an outlier channel
 (large s_a, offset m_a far below the other elements) it is several times what bf16 SDPA makes,
 and this loop's yardstick is tight (the dequantized K/V are bf16-exact). The kernel now puts
-W - bf16(W) in the MMA's unused rows 8-15 when there is no residual (the emulation's
-``w_split``, on by default as in the kernel).
+W - bf16(W) through the same codes when there is no residual (the emulation's ``w_split``, on
+by default as in the kernel: B columns 4-7 where query heads x groups <= 4, else a second MMA).
 """
 
 from __future__ import annotations
@@ -51,12 +51,20 @@ def _errors(cfg, loops, hkv, group, dim, lens, loop, seed, splits, w_split):
 
 
 A2_NOROT = RQConfig(rotation="none", anchor_bits=2)
+NOROT = RQConfig(rotation="none")
 CASES = [  # cfg, loops, hkv, group, head_dim, lens, loop, seed, splits (as on the H200)
     ("d64_a2_norot_gqa4_l2_s2", A2_NOROT, 3, 1, 4, 64, [129, 5], 2, 23, 2),
     ("d64_a2_norot_gqa4_l2_s3", A2_NOROT, 3, 1, 4, 64, [129, 5], 2, 24, 3),
     ("d64_a2_norot_gqa4_l0_s2", A2_NOROT, 3, 1, 4, 64, [129, 5], 0, 23, 2),
     ("d128_a2_norot_gqa4_g64_l3", RQConfig(rotation="none", group_size=64, anchor_bits=2),
      4, 2, 4, 128, [129, 5], 3, 23, 2),
+    # the V MMA's paired columns (query heads x groups <= 4: anchor and second term in one
+    # accumulator): MHA at 128 (Ouro's shape) and GQA 2 at 64, residual and anchor-only loops
+    ("d128_norot_mha_l1", NOROT, 4, 2, 1, 128, [129, 5], 1, 23, 2),
+    ("d128_norot_mha_l3", NOROT, 4, 2, 1, 128, [129, 5], 3, 23, 2),
+    ("d64_a2_norot_gqa2_l2", A2_NOROT, 3, 2, 2, 64, [129, 5], 2, 23, 2),
+    ("d128_norot_gqa2_g64_l0", RQConfig(rotation="none", group_size=64), 4, 2, 2, 128,
+     [129, 5], 0, 23, 3),
 ]
 
 
