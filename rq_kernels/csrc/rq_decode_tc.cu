@@ -99,6 +99,9 @@ static_assert(NG >= 2, "a thread's two K columns (2t, 2t + 1) belong to one head
 static_assert(HEAD_DIM != 96 || NG == 4, "head_dim 96: three groups of 32 and a padding one");
 static_assert(ROWS <= 8, "GQ * NG <= 8");
 static_assert((SUBT == 1 || SUBT == 2) && STAGES >= 2 * SUBT, "SUBT tiles per iteration, as many in flight");
+// K dots as two MMA chains of half the length (even and odd steps) in the 2-CTA shape (SUBT 2),
+// whose 8 warps per SM expose the chain's latency more than the 3-CTA shape's 12
+#define KSPLIT (SUBT == 2)
 
 // (x & mask) | magic in one LOP3: written as PTX with the magic in a register (with two
 // immediates ptxas emits an AND and an OR).
@@ -393,7 +396,7 @@ template <int BITS> __device__ __forceinline__ void k_dots(const uint8_t* k, int
   unpack_k<BITS>(lds_words<KB>(k + g * pitch + t * KB), u0, magic);
   unpack_k<BITS>(lds_words<KB>(k + (8 + g) * pitch + t * KB), u1, magic);
   x[0] = x[1] = x[2] = x[3] = 0.f;
-#ifdef KSPLIT
+#if KSPLIT
   float y[4] = {0.f, 0.f, 0.f, 0.f};  // odd steps: two MMA chains of half the length
 #pragma unroll
   for (int s = 0; s < K_STEPS; s += 2) {
