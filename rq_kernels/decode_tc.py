@@ -48,6 +48,9 @@ class Occupancy(NamedTuple):
 # 32-token iterations at 3 CTAs (4 stages, ~100 % carveout, 4-byte spills) were 1.16-1.39x
 # slower (SmolLM2 16 x 16k: 0.98x)
 # (2026-12-02f, benchmarks/results/h200_2026-12-02f_tc_hybrid_ab.json, ..._tc_subtiles_ab.json).
+# After the V map of 2026-12-02h (163 / 180 registers): 3 stages in the 3-CTA shape 0.97-0.99x,
+# 4 CTAs of 2 stages (128 registers, 36 bytes of spills) 0.69-0.94x
+# (benchmarks/results/h200_2026-12-02h_tc_stages3_ab.json, ..._tc_vmap_ab.json).
 OCCUPANCY = (Occupancy(3, 2, 1), Occupancy(2, 4, 2))
 
 
