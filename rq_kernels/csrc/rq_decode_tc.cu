@@ -412,6 +412,28 @@ template <int BITS> __device__ __forceinline__ void k_dots(const uint8_t* k, int
 #endif
 }
 
+// V codes of the tile at v (pitch bytes per token): this thread's slice g of tokens 2t, 2t + 1
+// (u01) and 2t + 8, 2t + 9 (u89) as (token, token) bf16 pairs, one register per slice element.
+template <int BITS> __device__ __forceinline__ void v_codes(const uint8_t* v, int pitch, int g,
+                                                            int t, uint32_t* u01, uint32_t* u89,
+                                                            uint32_t magic) {
+  constexpr int VB = NT * BITS / 8;  // bytes of one token's slice
+  Words<VB> w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) w[i] = lds_words<VB>(v + (2 * t + (i & 1) + 8 * (i >> 1)) * pitch + g * VB);
+  unpack_v<BITS>(w[0], w[1], u01, magic);
+  unpack_v<BITS>(w[2], w[3], u89, magic);
+}
+
+// c[m] += codes x B for the NM m-tiles: rows g, 8 + g of m-tile m are slice elements 2m, 2m + 1
+// (A fragments from v_codes), B = this thread's weight column g at tokens (2t, 2t+1), (2t+8, 2t+9).
+__device__ __forceinline__ void v_mmas(float (&c)[NM][4], const uint32_t* u01,
+                                       const uint32_t* u89, uint32_t b0, uint32_t b1) {
+#pragma unroll
+  for (int m = 0; m < NM; ++m)
+    mma_bf16(c[m], u01[2 * m], u01[2 * m + 1], u89[2 * m], u89[2 * m + 1], b0, b1);
+}
+
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 rq_decode_tc_split(const Args A) {
   const int lane = threadIdx.x & 31;
@@ -758,49 +780,21 @@ rq_decode_tc_split(const Args A) {
     // (this thread's slice g of NT elements, unpacked as (token, token) pairs)
     {
       uint32_t u01[NT], u89[NT];
-      constexpr int VA = NT * A_BITS / 8;  // bytes of one token's slice
-      Words<VA> va[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        va[i] = lds_words<VA>(stp + OFF_VA + (2 * t + (i & 1) + 8 * (i >> 1)) * BA + g * VA);
-      unpack_v<A_BITS>(va[0], va[1], u01, magic);
-      unpack_v<A_BITS>(va[2], va[3], u89, magic);
+      v_codes<A_BITS>(stp + OFF_VA, BA, g, t, u01, u89, magic);
 #if PAIRED && R_BITS > 0
-      {  // the anchor's columns 0-3 only
-        const uint32_t b0 = second ? 0u : wa01, b1 = second ? 0u : wa89;
-#pragma unroll
-        for (int m = 0; m < NM; ++m)
-          mma_bf16(cv[m], u01[2 * m], u01[2 * m + 1], u89[2 * m], u89[2 * m + 1], b0, b1);
-      }
+      v_mmas(cv, u01, u89, second ? 0u : wa01, second ? 0u : wa89);  // the anchor's columns 0-3
 #else
-#pragma unroll
-      for (int m = 0; m < NM; ++m)
-        mma_bf16(cv[m], u01[2 * m], u01[2 * m + 1], u89[2 * m], u89[2 * m + 1], wa01, wa89);
-#if R_BITS == 0 && !PAIRED  // the remainder, over the same anchor codes
-#pragma unroll
-      for (int m = 0; m < NM; ++m)
-        mma_bf16(cv[m], u01[2 * m], u01[2 * m + 1], u89[2 * m], u89[2 * m + 1], lo01, lo89);
+      v_mmas(cv, u01, u89, wa01, wa89);
+#if R_BITS == 0 && !PAIRED
+      v_mmas(cv, u01, u89, lo01, lo89);  // the remainder, over the same anchor codes
 #endif
 #endif
 #if R_BITS > 0
-      constexpr int VR = NT * R_BITS / 8;
-      Words<VR> vr[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        vr[i] = lds_words<VR>(stp + OFF_VR + (2 * t + (i & 1) + 8 * (i >> 1)) * BR + g * VR);
-      unpack_v<R_BITS>(vr[0], vr[1], u01, magic);
-      unpack_v<R_BITS>(vr[2], vr[3], u89, magic);
+      v_codes<R_BITS>(stp + OFF_VR, BR, g, t, u01, u89, magic);
 #if PAIRED
-      {  // the residual's columns 4-7 only
-        const uint32_t b0 = second ? wa01 : 0u, b1 = second ? wa89 : 0u;
-#pragma unroll
-        for (int m = 0; m < NM; ++m)
-          mma_bf16(cv[m], u01[2 * m], u01[2 * m + 1], u89[2 * m], u89[2 * m + 1], b0, b1);
-      }
+      v_mmas(cv, u01, u89, second ? wa01 : 0u, second ? wa89 : 0u);  // the residual's columns 4-7
 #else
-#pragma unroll
-      for (int m = 0; m < NM; ++m)
-        mma_bf16(cw[m], u01[2 * m], u01[2 * m + 1], u89[2 * m], u89[2 * m + 1], wr01, wr89);
+      v_mmas(cw, u01, u89, wr01, wr89);
 #endif
 #endif
     }
