@@ -5,7 +5,10 @@ from a CUDA graph and BF16 SDPA over the same history, Ouro-1.4B shape, one run.
 ``python benchmarks/profile_decode.py --out DIR [--dry-run]``
 
 Each profiled call follows an L2 flush (256 MiB memset), as in `benchmarks.common.graph_ms`.
-The graph time minus the sum of the kernels is the launch gaps inside the graph. A split-count
+The graph time minus the sum of the kernels is the launch gaps inside the graph. With
+programmatic dependent launch (the default) a dependent kernel starts while its primary runs and
+waits inside, so its profiled time includes that wait; the tc rows therefore also give each
+kernel's time launched without it (``kernels_nopdl_us``: isolated, serialised). A split-count
 sweep at small batch shows what the one-wave split heuristic (`choose_num_splits`) leaves on the
 table. Writes ``DIR/profile_decode.json``.
 """
@@ -31,9 +34,9 @@ from rq_kernels import decode_attention  # noqa: E402
 from rq_kernels.decode import DecodeLaunch  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
 
-POINTS = [(1, 8192), (2, 16384), (4, 8192), (16, 16384), (64, 8192)]
-SWEEP = [(1, 8192), (2, 16384), (4, 8192)]
-SPLITS = (8, 16, 32, 64, 128, 256)
+POINTS = [(1, 2048), (1, 8192), (2, 16384), (4, 8192), (16, 16384), (64, 8192)]
+SWEEP = [(1, 2048), (1, 8192), (2, 16384), (4, 8192)]
+SPLITS = (4, 8, 16, 32, 64, 128, 256)
 
 
 def kernel_us(call, reps: int = 10) -> dict[str, float]:
@@ -78,9 +81,15 @@ def main() -> None:
                 graph_us = bench(call) * 1e3
                 row[f"{kernel}_loop{loop}"] = dict(graph_us=graph_us, kernels_us=ks_us,
                                                    gaps_us=graph_us - sum(ks_us.values()))
+                if kernel == "tc" and DEV == "cuda":
+                    row[f"{kernel}_loop{loop}"]["kernels_nopdl_us"] = kernel_us(
+                        lambda loop=loop: call(DecodeLaunch(split_kernel="tc", pdl=False), loop))
+                nopdl = row[f"{kernel}_loop{loop}"].get("kernels_nopdl_us", {})
                 print(f"b={b:3d} ctx={ctx:6d} {kernel} loop {loop}: graph {graph_us:7.1f}us "
                       f"(sdpa {row['sdpa_us']:6.1f}) " +
-                      " ".join(f"{k.split('_kernel')[0]}={v:.1f}" for k, v in ks_us.items()),
+                      " ".join(f"{k.split('_kernel')[0]}={v:.1f}" for k, v in ks_us.items()) +
+                      ("" if not nopdl else " | without PDL " + " ".join(
+                          f"{k.split('_kernel')[0]}={v:.1f}" for k, v in nopdl.items())),
                       flush=True)
         res["points"].append(row)
         write_json(res, a.out, "profile_decode.json")
