@@ -12,15 +12,21 @@ LOG=${LOG:-/tmp/sglang-rq-quickstart.log}
 "$VENV/bin/sglang-rq" serve --port "$PORT" --enable-metrics --sleep-on-idle "$@" >"$LOG" 2>&1 &
 PID=$!
 echo "sglang-rq serve started (pid $PID, log $LOG); waiting for it to be ready..."
-for _ in $(seq 600); do
-  if curl -sf "localhost:$PORT/health" >/dev/null && grep -q "fired up" "$LOG"; then break; fi
+READY_S=${READY_S:-600}
+ready=0
+for _ in $(seq "$READY_S"); do
+  if curl -sf "localhost:$PORT/health" >/dev/null && grep -q "fired up" "$LOG"; then ready=1; break; fi
   if ! kill -0 "$PID" 2>/dev/null; then echo "server exited:"; tail -30 "$LOG"; exit 1; fi
   sleep 1
 done
+if [ "$ready" != 1 ]; then
+  echo "server not ready after ${READY_S} s (READY_S): stopping it; log $LOG:"; tail -30 "$LOG"
+  kill "$PID" 2>/dev/null; exit 1
+fi
 DATA_DIR=${SGLANG_RQ_DATA_DIR:-../shared/data}
 QUESTION=$("$VENV/bin/python" -c "
 import json, sys; print(json.loads(open(sys.argv[1] + '/gsm8k/test.jsonl').readline())['question'])" "$DATA_DIR" 2>/dev/null \
-  || { echo "no $DATA_DIR/gsm8k/test.jsonl (set SGLANG_RQ_DATA_DIR): asking the built-in question" >&2
+  || { echo "(no $DATA_DIR/gsm8k/test.jsonl, so the built-in question; SGLANG_RQ_DATA_DIR picks a data directory)" >&2
        echo "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?"; })
 BODY=$("$VENV/bin/python" -c "import json,sys; print(json.dumps({'model': 'default', 'temperature': 0, 'max_tokens': 128,
   'messages': [{'role': 'user', 'content': sys.argv[1]}]}))" "$QUESTION")
