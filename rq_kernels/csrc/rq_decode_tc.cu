@@ -88,6 +88,7 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 #define NT (D / 8)           // V: n-tiles; elements of one token's slice g (one thread's)
 #define NM (NT / 2)          // V: m-tiles of 16 elements (a thread's slice g: rows g, 8 + g)
 #define PAIRED (ROWS <= 4)   // V: anchor and second weights share one accumulator (columns 0-3, 4-7)
+#define RES_ACC (!PAIRED && R_BITS > 0)  // V: the residual has its own accumulator (cw, sw_r)
 #define PAD_ROW (HEAD_DIM == 96 && vgrp >= NGR)  // V column's row (vh, vgrp) is head_dim 96's padding
 
 static_assert(HEAD_DIM == 64 || HEAD_DIM == 96 || HEAD_DIM == 128, "HEAD_DIM");
@@ -476,14 +477,17 @@ rq_decode_tc_split(const Args A) {
   float cv[NM][4];  // V: elements NT g + 2 mt (0, 1) and NT g + 2 mt + 1 (2, 3), columns 2t, 2t + 1
 #pragma unroll
   for (int l = 0; l < NM; ++l) cv[l][0] = cv[l][1] = cv[l][2] = cv[l][3] = 0.f;
-#if !PAIRED && R_BITS > 0
+#if RES_ACC
   float cw[NM][4];  // the residual's, same map
 #pragma unroll
   for (int l = 0; l < NM; ++l) cw[l][0] = cw[l][1] = cw[l][2] = cw[l][3] = 0.f;
 #endif
   // l_run: sum p of head vh; sw_a (sw_r): sum of the bf16 weights fed to column g (of the
   // residual's accumulator); m_off: sum p (c m_a + m_r) of this thread's part
-  float m_run = -INFINITY, l_run = 0.f, sw_a = 0.f, sw_r = 0.f, m_off = 0.f;
+  float m_run = -INFINITY, l_run = 0.f, sw_a = 0.f, m_off = 0.f;
+#if RES_ACC
+  float sw_r = 0.f;
+#endif
 
   extern __shared__ __align__(16) uint8_t smem[];  // [WARPS][STAGES][STAGE_BYTES]
   uint8_t* wsm = smem + warp * (STAGES * STAGE_BYTES);
@@ -715,11 +719,14 @@ rq_decode_tc_split(const Args A) {
 #pragma unroll
       for (int l = 0; l < NM; ++l) {
         cv[l][0] *= f0; cv[l][1] *= f1; cv[l][2] *= f0; cv[l][3] *= f1;
-#if !PAIRED && R_BITS > 0
+#if RES_ACC
         cw[l][0] *= f0; cw[l][1] *= f1; cw[l][2] *= f0; cw[l][3] *= f1;
 #endif
       }
-      l_run *= f; sw_a *= f; sw_r *= f; m_off *= f;
+      l_run *= f; sw_a *= f; m_off *= f;
+#if RES_ACC
+      sw_r *= f;
+#endif
       m_run = m_new;
       m_run_k = __shfl_sync(0xffffffffu, m_run, 4 * (ht_k * NG));  // row (ht, group 0)
     }
@@ -730,7 +737,7 @@ rq_decode_tc_split(const Args A) {
     // ---- weights of B column g for tokens 2t + (i & 1) + 8 (i >> 1): p c s_a (the anchor's),
     // p s_r (the residual's) or, PAIRED without a residual, the anchor's bf16 remainder
     float wa[4];
-#if !PAIRED && R_BITS > 0
+#if RES_ACC
     float wr[4];
 #endif
 #pragma unroll
@@ -771,7 +778,7 @@ rq_decode_tc_split(const Args A) {
 #endif
 #endif
     sw_a += bf16_lo(wa01) + bf16_hi(wa01) + bf16_lo(wa89) + bf16_hi(wa89);
-#if !PAIRED && R_BITS > 0
+#if RES_ACC
     const uint32_t wr01 = pack_bf16(wr[0], wr[1]), wr89 = pack_bf16(wr[2], wr[3]);
     sw_r += bf16_lo(wr01) + bf16_hi(wr01) + bf16_lo(wr89) + bf16_hi(wr89);
 #endif
@@ -806,18 +813,20 @@ rq_decode_tc_split(const Args A) {
   for (int x = 1; x <= 2; x <<= 1) {
     l_run += __shfl_xor_sync(0xffffffffu, l_run, x);
     sw_a += __shfl_xor_sync(0xffffffffu, sw_a, x);
+#if RES_ACC
     sw_r += __shfl_xor_sync(0xffffffffu, sw_r, x);
+#endif
     m_off += __shfl_xor_sync(0xffffffffu, m_off, x);
   }
   // the weight sums of this thread's accumulator columns 2t, 2t + 1 (built by quads 2t, 2t + 1)
   float swc_a[2];
-#if !PAIRED && R_BITS > 0
+#if RES_ACC
   float swc_r[2];
 #endif
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
     swc_a[c] = __shfl_sync(0xffffffffu, sw_a, 4 * (2 * t + c));
-#if !PAIRED && R_BITS > 0
+#if RES_ACC
     swc_r[c] = __shfl_sync(0xffffffffu, sw_r, 4 * (2 * t + c));
 #endif
   }
@@ -835,21 +844,18 @@ rq_decode_tc_split(const Args A) {
 #pragma unroll
     for (int l = 0; l < NT; ++l) {
       constexpr int HA = 16 / A_BITS;
-#if R_BITS > 0
-      constexpr int HR = 16 / R_BITS;
-#endif
+      constexpr int SBITS = R_BITS > 0 ? R_BITS : A_BITS;  // the second term's codes
+      constexpr int HS = 16 / SBITS;
       float v = 0.f;
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int n = 2 * t + c;
         const float x = cv[l / 2][2 * (l % 2) + c];
         if (n == col) v += (x - 128.f * swc_a[c]) * pos_scale<A_BITS>(l % HA);
-#if PAIRED && R_BITS > 0
-        if (n == col + 4) v += (x - 128.f * swc_a[c]) * pos_scale<R_BITS>(l % HR);
-#elif PAIRED  // the remainder's columns, over the anchor codes
-        if (n == col + 4) v += (x - 128.f * swc_a[c]) * pos_scale<A_BITS>(l % HA);
-#elif R_BITS > 0
-        if (n == col) v += (cw[l / 2][2 * (l % 2) + c] - 128.f * swc_r[c]) * pos_scale<R_BITS>(l % HR);
+#if PAIRED  // columns 4-7: the residual's, or the remainder's over the anchor codes
+        if (n == col + 4) v += (x - 128.f * swc_a[c]) * pos_scale<SBITS>(l % HS);
+#elif RES_ACC
+        if (n == col) v += (cw[l / 2][2 * (l % 2) + c] - 128.f * swc_r[c]) * pos_scale<SBITS>(l % HS);
 #endif
       }
       v += __shfl_xor_sync(0xffffffffu, v, 1);
