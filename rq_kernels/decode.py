@@ -34,7 +34,8 @@ from rq_kernels._host import (
 )
 from rq_kernels.decode_tc import WARPS as TC_WARPS
 from rq_kernels.decode_tc import (
-    carveout_percent, query_rotation, tc_occupancy, tc_split, tc_unsupported_reason,
+    carveout_percent, merge_counters, query_rotation, tc_occupancy, tc_split,
+    tc_unsupported_reason,
 )
 from rq_kernels.decode_tc import TILE as TC_TILE
 from rq_kernels.triton.decode_fma import rq_decode_fma_split_kernel
@@ -156,18 +157,19 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
 
     Note
     ----
-    Two launches (three for ``tc`` under a rotation other than a (signed) Sylvester Hadamard,
-    which the tc split kernel applies to the query itself: the query rotation first): the split
-    kernel
-    ``(num_kv_heads, batch_size, num_splits)`` (tc: ``(cdiv(num_splits * num_kv_heads, 4),
-    batch_size)`` CTAs of 4 warps) and
-    the merge kernel ``(num_kv_heads, cdiv(batch_size * group, 16))``, each (sm_90+) a
-    programmatic dependent launch that starts while the kernel before it runs (the tc split
-    kernel copies its first history tiles before waiting for the rotated query; all three
-    prefer one shared-memory carveout, `decode_tc.carveout_percent`); a ``[batch_size,
-    num_qo_heads, num_splits, head_dim_pow2]`` fp32 workspace is allocated per call. CUDA-graph
-    safe once the view is prepared (`rq_kernels.prepare_view`) or after one eager call (which
-    also compiles and loads a tc variant).
+    Two launches: the split kernel ``(num_kv_heads, batch_size, num_splits)`` (tc:
+    ``(cdiv(num_splits * num_kv_heads, 4), batch_size)`` CTAs of 4 warps) and the merge kernel
+    ``(num_kv_heads, cdiv(batch_size * group, 16))``. For ``tc``, three under a rotation other
+    than a (signed) Sylvester Hadamard (the query rotation first; the tc split kernel applies
+    such a Hadamard to the query itself), and one without rotation or under such a Hadamard
+    (the split kernel merges its splits itself; `decode_tc.merge_counters`, reserved before
+    graph capture by `decode_tc.reserve_merge_counters`). Each launch (sm_90+) is a programmatic
+    dependent that starts while the kernel before it runs (the tc split kernel copies its first
+    history tiles before waiting for the query; all three prefer one shared-memory carveout,
+    `decode_tc.carveout_percent`); a ``[batch_size, num_qo_heads, num_splits, head_dim_pow2]``
+    fp32 workspace is allocated per call. CUDA-graph safe once the view is prepared
+    (`rq_kernels.prepare_view`) or after one eager call (which also compiles and loads a tc
+    variant).
     """
     launch = launch or DecodeLaunch()
     B, HQ, D = q.shape
@@ -212,8 +214,12 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
         splits = launch.num_splits or choose_num_splits(
             B, HKV, kv_indices.numel(), dev, block_n=TC_TILE,
             programs_per_sm=TC_WARPS * occupancy[0])
+        counters = None if q_split is not q else merge_counters(dev, B * HKV, splits, gq)
         mid_o, mid_ml = tc_split(q_split, kv_indptr, kv_indices, view, loop_id, HKV, qk_scale,
-                                 splits, occupancy, pdl=pdl)
+                                 splits, occupancy, pdl=pdl,
+                                 merge=None if counters is None else (k_cur, v_cur, out, counters))
+        if counters is not None:  # the split kernel merged its splits itself
+            return out
     elif kernel == "fma":
         mid_o, mid_ml, splits = _fma_split(q, kv_indptr, kv_indices, view, loop_id, args, c,
                                            rot, nterms, has_rot, qk_scale, launch, interp)

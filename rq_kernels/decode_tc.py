@@ -114,7 +114,60 @@ class _Args(ctypes.Structure):
         for n in ("ac", "aso", "rc", "rso", "cf") for s in ("", "_r", "_kv", "_h")] + [
         ("mid_o", ctypes.c_void_p), ("mid_ml", ctypes.c_void_p), ("qk_scale", ctypes.c_float),
         ("q_alpha", ctypes.c_float), ("num_splits", ctypes.c_int32),
-        ("num_qo_heads", ctypes.c_int32), ("q_mode", ctypes.c_int32)]
+        ("num_qo_heads", ctypes.c_int32), ("q_mode", ctypes.c_int32), ("fused", ctypes.c_int32),
+        ("merge_chunk", ctypes.c_int32)] + [
+        (f"{n}{s}", ctypes.c_void_p if s == "" else ctypes.c_int64)
+        for n in ("k_cur", "v_cur", "out") for s in ("", "_b", "_h")] + [
+        ("counters", ctypes.c_void_p)]
+
+
+MERGE_COUNTERS = 1 << 16  # the fused merge's arrival counters per device (int32)
+_COUNTERS: dict[int, torch.Tensor] = {}
+
+
+def merge_chunk(splits: int, group: int) -> int:
+    """Splits per chunk of the fused merge's two-level reduction for ``splits`` splits of
+    ``group`` query heads per KV head: all of them (one level) up to 64 rows (splits x group),
+    else 16. A warp reduces 16 rows per round, ~1 µs; a second level costs ~3 rounds (release,
+    acquire, one more round). Measured on the H200: Ouro 1 x 8k at 99 splits one level 28.3 µs,
+    chunks of 16 27.1, the merge kernel 27.0; SmolLM2 4 x 8k at 132 splits (GQA 3) 30.6, 21.8,
+    35.8 (`benchmarks/results/h200_2026-12-03_fused_merge_ab.json`)."""
+    return splits if splits * group <= 64 else min(splits, 16)
+
+
+def merge_counters(device: torch.device, pairs: int, splits: int,
+                   group: int) -> torch.Tensor | None:
+    """The fused merge's arrival counters on CUDA ``device`` for a launch of ``pairs`` (request,
+    KV head) pairs of ``splits`` splits and ``group`` query heads each: ``[MERGE_COUNTERS]``
+    int32, one per chunk (`merge_chunk`) and one per pair (``pairs * (chunks + 1)`` used), zero
+    between launches (each last arrival wraps its counter back to 0), allocated once per
+    device. None (the launcher then runs the merge kernel) where they do not fit, or where the
+    first call happens while a CUDA graph is being captured. One decode launch at a time per
+    device (the serving runtime's case: one forward stream per GPU); a launch cut short would
+    leave counts behind."""
+    if pairs * (-(-splits // merge_chunk(splits, group)) + 1) > MERGE_COUNTERS:
+        return None
+    if _device_index(device) not in _COUNTERS and torch.cuda.is_current_stream_capturing():
+        return None
+    return reserve_merge_counters(device)
+
+
+def _device_index(device: torch.device | str) -> int:
+    device = torch.device(device)
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
+def reserve_merge_counters(device: torch.device | str) -> torch.Tensor:
+    """Allocate (once) and return the fused merge's counters on CUDA ``device`` (`merge_counters`);
+    call it before capturing decode CUDA graphs (a first call inside a capture merges with the
+    merge kernel instead)."""
+    index = _device_index(device)
+    t = _COUNTERS.get(index)
+    if t is None:
+        t = torch.zeros(MERGE_COUNTERS, dtype=torch.int32, device=f"cuda:{index}")
+        torch.cuda.synchronize(index)
+        _COUNTERS[index] = t
+    return t
 
 
 def query_rotation(view: CompressedLayerView, device: torch.device
@@ -234,8 +287,9 @@ def _variant(view: CompressedLayerView, loop_id: int, group: int,
 
 def tc_split(q: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
              view: CompressedLayerView, loop_id: int, num_kv_heads: int, qk_scale: float,
-             num_splits: int, occupancy: Occupancy, *,
-             pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+             num_splits: int, occupancy: Occupancy, *, pdl: bool = False,
+             merge: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the split kernel in the `OCCUPANCY` shape ``occupancy`` (`tc_occupancy`):
     ``q`` ``[B, Hq, head_dim]`` as `query_rotation` says (fp32 in the rotated basis, the query
     rotation kernel's output, where its ``q_mode`` is 0; else the model's bf16 query, last dim
@@ -243,7 +297,12 @@ def tc_split(q: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
     columns 96-127 are 0), MidML ``[B, Hq, S, 2]`` fp32 (max in log2 units, sum)). Grid
     ``(cdiv(S * num_kv_heads, 4), B)`` CTAs of 4 warps, one (split, KV head) per warp, KV head
     fastest. ``pdl``: launched as a programmatic dependent of the kernel that wrote ``q``
-    (`rq_kernels.cuda.launch`): it copies its first history tiles, then waits for ``q``."""
+    (`rq_kernels.cuda.launch`): it copies its first history tiles, then waits for ``q``.
+    ``merge``: ``(k_cur, v_cur, out, counters)`` (`merge_counters`; only where `query_rotation`
+    gives mode 1 or 2): the kernel also merges the splits, as the merge kernel would: the last
+    warp of each (request, KV head) to finish reduces them by log-sum-exp, un-rotates (the
+    Hadamard's FWHT), adds the in-flight token (``k_cur``/``v_cur`` ``[B, Hkv, head_dim]``
+    bf16) and writes ``out`` ``[B, Hq, head_dim]`` bf16 (last dims contiguous)."""
     B, HQ, hd = q.shape
     dev = q.device
     q_mode, signs, alpha = query_rotation(view, dev)
@@ -264,11 +323,26 @@ def tc_split(q: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
             return (ac.data_ptr(), 0, 0, 0)
         return (t.data_ptr(), t.stride(0) * elem, t.stride(1) * elem, t.stride(2) * elem)
 
+    if merge is not None:
+        assert q_mode != 0, "the fused merge needs no rotation or a Sylvester Hadamard"
+        k_cur, v_cur, out, counters = merge
+        chunk = merge_chunk(num_splits, HQ // num_kv_heads)
+        chunks = -(-num_splits // chunk)
+        assert counters.numel() >= B * num_kv_heads * (chunks + 1) and counters.dtype == torch.int32
+        for t, heads in ((k_cur, num_kv_heads), (v_cur, num_kv_heads), (out, HQ)):
+            assert (t.shape == (B, heads, hd) and t.dtype == torch.bfloat16
+                    and t.stride(-1) == 1 and t.device == dev), "k_cur, v_cur, out: layout"
+        fused = (1, chunk, *(x for t in (k_cur, v_cur, out)
+                             for x in (t.data_ptr(), t.stride(0), t.stride(1))),
+                 counters.data_ptr())
+    else:
+        fused = (0,) * 12
     args = _Args(q.data_ptr(), q.stride(0), q.stride(1), 0 if signs is None else signs.data_ptr(),
                  kv_indptr.data_ptr(), kv_indices.data_ptr(),
                  *parts(ac), *parts(aso), *parts(rc if rc is not None else ac),
                  *parts(rso if rso is not None else aso), *parts(cf),
-                 mid_o.data_ptr(), mid_ml.data_ptr(), qk_scale, alpha, num_splits, HQ, q_mode)
+                 mid_o.data_ptr(), mid_ml.data_ptr(), qk_scale, alpha, num_splits, HQ, q_mode,
+                 *fused)
     grid = ((num_splits * num_kv_heads + WARPS - 1) // WARPS, B, 1)
     cuda.launch(fn, grid, WARPS * 32, args, dev, shared_bytes=smem, pdl=pdl)
     return mid_o, mid_ml

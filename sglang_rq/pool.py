@@ -39,6 +39,7 @@ import torch
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
 from rq_kernels import prepare_layers, stage_kv
+from rq_kernels.decode_tc import reserve_merge_counters
 from rq_kernels.view import CompressedLayerView
 from sglang_rq import dispatch, metrics
 from sglang_rq.clipping import ClipCounter
@@ -176,6 +177,8 @@ class RQTokenToKVPool(MHATokenToKVPool):
             if any(p.impl.startswith("triton") for p in bufs.kernel_paths):
                 for grp in range(len(bufs.group_views[0])):  # the kernels' rotation form, once,
                     prepare_layers(bufs.layer_views(grp))    # before capture
+        if torch.device(dev).type == "cuda":
+            reserve_merge_counters(dev)  # the tc decode's fused merge, before capture
         self.targets = []
         blocks: dict[str, dict[int, int]] = {name: {} for name in self.stacks}
         for place in shape.slot_places():

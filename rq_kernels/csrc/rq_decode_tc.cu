@@ -43,7 +43,8 @@
 // (D / 8 n-tiles); at D = 64 the same maps hold with half the steps and n-tiles.
 // Writes the unnormalised split output MidO [B, HQ, S, D] fp32 (head_dim 96: columns 96-127 are
 // 0) and MidML [B, HQ, S, 2] (running max in log2 units, sum), the layout
-// rq_decode_merge_kernel reduces (its DP = D).
+// rq_decode_merge_kernel reduces (its DP = D); where the host asks (A.fused: q_mode 1 or 2) the
+// kernel reduces them itself and writes the bf16 output (merge_pair, below).
 
 #ifdef __CUDACC_RTC__  // NVRTC (no system headers)
 typedef unsigned char uint8_t;
@@ -61,7 +62,7 @@ typedef unsigned long long uintptr_t;
 
 // Programmatic dependent launch (sm_90+; no-ops when the launch did not ask for it): the
 // launcher sets the attribute, so this kernel's CTAs start while the query rotation before it
-// runs, and the merge kernel after it starts while this one runs. Everything written by the
+// runs, and the merge kernel after it (if any) starts while this one runs. Everything written by the
 // kernel just before (the rotated query) is read only after griddep_wait(); what is read
 // before it (kv_indptr, kv_indices, the history rows) was written by earlier forwards.
 __device__ __forceinline__ void griddep_wait() {
@@ -138,6 +139,48 @@ __device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uin
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Unnormalised fast Walsh-Hadamard transform (Sylvester order) of a row of 32 E elements held
+// E per lane (element E lane + e): log2(E) butterfly stages in registers, then 5 by shuffles.
+template <int E> __device__ __forceinline__ void fwht(float (&x)[E], int lane) {
+#pragma unroll
+  for (int m = 1; m < E; m <<= 1) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      if (e & m) continue;
+      const float u0 = x[e], u1 = x[e | m];
+      x[e] = u0 + u1;
+      x[e | m] = u0 - u1;
+    }
+  }
+#pragma unroll
+  for (int m = 1; m < 32; m <<= 1) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const float p = __shfl_xor_sync(0xffffffffu, x[e], m);
+      x[e] = (lane & m) ? p - x[e] : x[e] + p;
+    }
+  }
+}
+
+__device__ __forceinline__ uint16_t bf16_bits(float x) {
+  uint16_t d;
+  asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(d) : "f"(x));
+  return d;
+}
+
+// Loads that bypass L1 (the fused merge reads what other SMs wrote).
+__device__ __forceinline__ float2 ldcg2(const float* p) {
+  float2 v;
+  asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ float4 ldcg4(const float* p) {
+  float4 v;
+  asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+  return v;
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -233,6 +276,17 @@ struct Args {
   int num_splits;
   int num_qo_heads;
   int q_mode;
+  // fused merge (q_mode 1 or 2): the last warps of each (request, KV head) to finish reduce the
+  // splits, add the in-flight token (k_cur, v_cur [B, Hkv, HEAD_DIM] bf16 at element strides)
+  // and write out [B, HQ, HEAD_DIM] bf16; counters: the finished splits of each chunk and the
+  // finished chunks of each pair (merge_pair; zero between launches: each last arrival resets its
+  // own)
+  int fused;
+  int merge_chunk;  // splits per chunk (fused)
+  const uint16_t* k_cur; int64_t k_cur_b, k_cur_h;
+  const uint16_t* v_cur; int64_t v_cur_b, v_cur_h;
+  uint16_t* out; int64_t out_b, out_h;
+  int* counters;
 };
 
 // ---- shared-memory pipeline: each warp streams its split through STAGES tile stages, SUBT
@@ -435,6 +489,174 @@ __device__ __forceinline__ void v_mmas(float (&c)[NM][4], const uint32_t* u01,
     mma_bf16(c[m], u01[2 * m], u01[2 * m + 1], u89[2 * m], u89[2 * m + 1], b0, b1);
 }
 
+// ---- the fused merge (q_mode 1 or 2): the splits of each (request, KV head) pair form chunks of
+// A.merge_chunk (the host's choice: decode_tc.merge_chunk); the last warp of a chunk to finish
+// reduces the chunk's rows and writes the partial over the chunk's first row; the last chunk to
+// finish reduces the partials (a two-level tree where one warp over all the splits would be
+// latency-bound, ~1 µs per MERGE_U rows), un-rotates, adds the in-flight token and writes the
+// output.
+// Counters (zero between launches, each wraps back to 0 at its last arrival) per pair: one per
+// chunk, then one for the pair: pair * (chunks + 1) + c.
+#define MERGE_U (GQ == 1 ? 16 : GQ == 2 ? 8 : GQ == 3 ? 4 : 2)  // rows per head in flight
+constexpr int ME = D / 32;  // MidO elements per lane: ME lane + e
+static_assert(ME == 2 || ME == 4, "D is 64 or 128");
+
+// Count this warp's arrival at counter (members arrivals in all); true in the last one, which
+// then acquires what the others wrote. The warp barrier orders every lane's stores before lane
+// 0's release; the other warps take no fence (an acquiring atomic would invalidate their L1).
+__device__ __forceinline__ bool arrive_last(int* counter, int members, int lane) {
+  __syncwarp();
+  unsigned old = 0;
+  if (lane == 0)
+    asm volatile("atom.release.gpu.global.inc.u32 %0, [%1], %2;\n"
+                 : "=r"(old) : "l"(counter), "r"(members - 1) : "memory");
+  old = __shfl_sync(0xffffffffu, old, 0);
+  if (old != (unsigned)(members - 1)) return false;
+  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+  __syncwarp();
+  return true;
+}
+
+// (m, l, acc) of the GQ heads += the MidO/MidML rows first + i stride (i < count) of each head
+// (head hq's rows: rb + hq S + row), by log-sum-exp: MERGE_U rows per head loaded at a time,
+// their common max taken first, so the rescale is one exp2 per round, not one per row.
+__device__ __forceinline__ void reduce_rows(const Args& A, int64_t rb, int first, int stride,
+                                            int count, int lane, float (&m)[GQ], float (&l)[GQ],
+                                            float (&acc)[GQ][ME]) {
+  const int S = A.num_splits;
+  for (int i0 = 0; i0 < count; i0 += MERGE_U) {
+    float2 ml[MERGE_U][GQ];
+    float o[MERGE_U][GQ][ME];
+#pragma unroll
+    for (int u = 0; u < MERGE_U; ++u) {
+#pragma unroll
+      for (int hq = 0; hq < GQ; ++hq) {
+        const int64_t row = rb + (int64_t)hq * S + first + (int64_t)(i0 + u) * stride;
+        if (i0 + u < count) {  // an empty split: max -1e30, sum 0, output 0
+          ml[u][hq] = ldcg2(A.mid_ml + row * 2);
+          const float* op = A.mid_o + row * D + ME * lane;
+          if constexpr (ME == 4) {
+            const float4 v = ldcg4(op);
+            o[u][hq][0] = v.x; o[u][hq][1] = v.y; o[u][hq][2] = v.z; o[u][hq][3] = v.w;
+          } else {
+            const float2 v = ldcg2(op);
+            o[u][hq][0] = v.x; o[u][hq][1] = v.y;
+          }
+        } else {  // past the last row: weight 0 (row 0 is real, so the max is finite)
+          ml[u][hq] = make_float2(-INFINITY, 0.f);
+#pragma unroll
+          for (int e = 0; e < ME; ++e) o[u][hq][e] = 0.f;
+        }
+      }
+    }
+#pragma unroll
+    for (int hq = 0; hq < GQ; ++hq) {
+      float mn = m[hq];
+#pragma unroll
+      for (int u = 0; u < MERGE_U; ++u) mn = fmaxf(mn, ml[u][hq].x);
+      const float a = exp2f(m[hq] - mn);
+      l[hq] *= a;
+#pragma unroll
+      for (int e = 0; e < ME; ++e) acc[hq][e] *= a;
+#pragma unroll
+      for (int u = 0; u < MERGE_U; ++u) {
+        const float w = exp2f(ml[u][hq].x - mn);
+        l[hq] += w * ml[u][hq].y;
+#pragma unroll
+        for (int e = 0; e < ME; ++e) acc[hq][e] += w * o[u][hq][e];
+      }
+      m[hq] = mn;
+    }
+  }
+}
+
+// The fused merge of (request b, KV head hk) by the last warp of chunk c of its splits (all of
+// the chunk written): per query head, the log-sum-exp reduction as rq_decode_merge_kernel (the
+// chunk, then across chunks as above), the un-rotation (q_mode 2: R^T = alpha H diag(s), the
+// query's FWHT then signs and alpha), the in-flight token q.k_cur * qk_scale with v_cur, the bf16
+// output. The in-flight token is loaded first.
+__device__ __forceinline__ void merge_pair(const Args& A, int b, int hk, int c, int chunks,
+                                           int* pair_counter, int lane) {
+  constexpr int E = ME;
+  const int S = A.num_splits;
+  float kc[E], vc[E], qv[GQ][E];
+  {
+    const uint16_t* kp = A.k_cur + (int64_t)b * A.k_cur_b + (int64_t)hk * A.k_cur_h;
+    const uint16_t* vp = A.v_cur + (int64_t)b * A.v_cur_b + (int64_t)hk * A.v_cur_h;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int i = E * lane + e;
+      kc[e] = i < HEAD_DIM ? __uint_as_float((uint32_t)kp[i] << 16) : 0.f;
+      vc[e] = i < HEAD_DIM ? __uint_as_float((uint32_t)vp[i] << 16) : 0.f;
+    }
+#pragma unroll
+    for (int hq = 0; hq < GQ; ++hq) {
+      const uint16_t* qp = static_cast<const uint16_t*>(A.q) + (int64_t)b * A.q_b +
+                           (int64_t)(hk * GQ + hq) * A.q_h;
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const int i = E * lane + e;
+        qv[hq][e] = i < HEAD_DIM ? __uint_as_float((uint32_t)qp[i] << 16) : 0.f;
+      }
+    }
+  }
+  const int64_t rb = ((int64_t)b * A.num_qo_heads + hk * GQ) * S;  // head hq's rows: rb + hq S
+  float m[GQ], l[GQ], acc[GQ][E];
+#pragma unroll
+  for (int hq = 0; hq < GQ; ++hq) {
+    m[hq] = -INFINITY;
+    l[hq] = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[hq][e] = 0.f;
+  }
+  const int C = A.merge_chunk;
+  reduce_rows(A, rb, c * C, 1, min(C, S - c * C), lane, m, l, acc);
+  if (chunks > 1) {  // the chunk's partial over its first row; the last chunk reduces them all
+#pragma unroll
+    for (int hq = 0; hq < GQ; ++hq) {
+      const int64_t row = rb + (int64_t)hq * S + c * C;
+      if (lane == 0) *reinterpret_cast<float2*>(A.mid_ml + row * 2) = make_float2(m[hq], l[hq]);
+      float* op = A.mid_o + row * D + E * lane;
+      if constexpr (E == 4)
+        *reinterpret_cast<float4*>(op) = make_float4(acc[hq][0], acc[hq][1], acc[hq][2], acc[hq][3]);
+      else
+        *reinterpret_cast<float2*>(op) = make_float2(acc[hq][0], acc[hq][1]);
+    }
+    if (!arrive_last(pair_counter, chunks, lane)) return;
+#pragma unroll
+    for (int hq = 0; hq < GQ; ++hq) {
+      m[hq] = -INFINITY;
+      l[hq] = 0.f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[hq][e] = 0.f;
+    }
+    reduce_rows(A, rb, 0, C, chunks, lane, m, l, acc);
+  }
+#pragma unroll
+  for (int hq = 0; hq < GQ; ++hq) {
+    if (A.q_mode == 2) {  // back to the original basis: o R^T = alpha (H o) * s
+      fwht<E>(acc[hq], lane);
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[hq][e] *= A.signs[hk * D + E * lane + e] * A.q_alpha;
+    }
+    float dot = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) dot += qv[hq][e] * kc[e];
+#pragma unroll
+    for (int x = 16; x; x >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, x);
+    const float s_cur = dot * A.qk_scale;
+    const float m_new = fmaxf(m[hq], s_cur);
+    const float a_old = exp2f(m[hq] - m_new), p_cur = exp2f(s_cur - m_new);
+    const float den = l[hq] * a_old + p_cur;
+    uint16_t* op = A.out + (int64_t)b * A.out_b + (int64_t)(hk * GQ + hq) * A.out_h;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int i = E * lane + e;
+      if (i < HEAD_DIM) op[i] = bf16_bits((acc[hq][e] * a_old + vc[e] * p_cur) / den);
+    }
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 rq_decode_tc_split(const Args A) {
   const int lane = threadIdx.x & 31;
@@ -532,24 +754,7 @@ rq_decode_tc_split(const Args A) {
       if (A.q_mode == 2) {
 #pragma unroll
         for (int e = 0; e < E; ++e) x[e] *= A.signs[hk * D + E * lane + e];
-#pragma unroll
-        for (int m = 1; m < E; m <<= 1) {
-#pragma unroll
-          for (int e = 0; e < E; ++e) {
-            if (e & m) continue;
-            const float u0 = x[e], u1 = x[e | m];
-            x[e] = u0 + u1;
-            x[e | m] = u0 - u1;
-          }
-        }
-#pragma unroll
-        for (int m = 1; m < 32; m <<= 1) {
-#pragma unroll
-          for (int e = 0; e < E; ++e) {
-            const float p = __shfl_xor_sync(0xffffffffu, x[e], m);
-            x[e] = (lane & m) ? p - x[e] : x[e] + p;
-          }
-        }
+        fwht<E>(x, lane);
 #pragma unroll
         for (int e = 0; e < E; ++e) x[e] *= A.q_alpha;
       }
@@ -867,5 +1072,11 @@ rq_decode_tc_split(const Args A) {
     const int64_t row = ((int64_t)b * A.num_qo_heads + hk * GQ + vh) * A.num_splits + split;
     A.mid_ml[row * 2] = lo < hi ? m_run : -1.0e30f;
     A.mid_ml[row * 2 + 1] = l_run;
+  }
+  if (A.fused) {  // count this split in its chunk; the chunk's last warp merges
+    const int S = A.num_splits, C = A.merge_chunk, c = split / C, chunks = (S + C - 1) / C;
+    int* pc = A.counters + ((int64_t)b * num_kv_heads + hk) * (chunks + 1);
+    if (arrive_last(pc + c, min(C, S - c * C), lane))
+      merge_pair(A, b, hk, c, chunks, pc + chunks, lane);
   }
 }

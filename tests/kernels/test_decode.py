@@ -314,3 +314,40 @@ def test_decode_tc_pdl_matches_plain_launch(device):
         outs[pdl] = torch.stack(got)
     assert torch.isfinite(outs[True]).all()
     assert torch.equal(outs[True], outs[False])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rot,dim,hkv,group", [("cfg", 128, 4, 1), ("cfg", 64, 2, 3),
+                                                ("none", 128, 2, 2), ("none", 96, 3, 1)],
+                         ids=["d128_had_mha", "d64_had_gqa3", "d128_norot_gqa2", "d96_norot"])
+def test_decode_tc_fused_merge(rot, dim, hkv, group, device, monkeypatch):
+    """The split kernel merging its own splits (the last warp of each chunk of splits,
+    `merge_chunk`, then the last chunk of each (request, KV head); counters that wrap to 0) and
+    the merge kernel on the same splits, both within the tolerance policy against the fp32 twin
+    at 1, 7 (one chunk), 65 (chunks of 16, the last of one split) and 150 splits (empty splits
+    among them: lengths 300, 0, 17, 1), and the same bits on three repeated calls (the counters
+    back at 0 each time)."""
+    cfg = RQConfig() if rot == "cfg" else RQConfig(rotation="none")
+    view, ind, idx, slots = build(cfg, loops=4, num_kv_heads=hkv, group=group, dim=dim,
+                                  lens=[300, 0, 17, 1], rot="cfg", device=device, seed=36)
+    q, kc, vc = queries(4, hkv * group, hkv, dim, device=device, seed=36)
+    assert query_rotation(view, q.device)[0] != 0, "a case the fused merge serves"
+    scale = dim ** -0.5
+    ref = decode_attention_reference(q.float(), kc, vc, view, 0, ind, idx, sm_scale=scale)
+    kh, vh = history(view, slots, 0)
+    yard = sdpa_bf16(q, kh, vh, kc, vc, list(range(5)), sm_scale=scale)
+    for splits in (1, 7, 65, 150):
+        launch = DecodeLaunch(split_kernel="tc", num_splits=splits)
+        outs = []
+        for _ in range(3):
+            out = torch.full_like(q, float("nan"))
+            decode_attention(q, kc, vc, view, 0, ind, idx, sm_scale=scale, out=out, launch=launch)
+            outs.append(out)
+        assert all(torch.equal(outs[0], o) for o in outs[1:]), f"{splits} splits: repeats differ"
+        with monkeypatch.context() as m:
+            m.setattr(rq_decode, "merge_counters", lambda *a: None)
+            sep = torch.full_like(q, float("nan"))
+            decode_attention(q, kc, vc, view, 0, ind, idx, sm_scale=scale, out=sep, launch=launch)
+        for name, o in (("fused", outs[0]), ("merge kernel", sep)):
+            e = attention_errors(o, ref, yard)
+            assert torch.isfinite(o).all() and within_policy(e), (name, splits, e)
