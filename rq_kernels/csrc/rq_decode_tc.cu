@@ -517,13 +517,20 @@ __device__ __forceinline__ bool arrive_last(int* counter, int members, int lane)
   return true;
 }
 
-// (m, l, acc) of the GQ heads += the MidO/MidML rows first + i stride (i < count) of each head
-// (head hq's rows: rb + hq S + row), by log-sum-exp: MERGE_U rows per head loaded at a time,
-// their common max taken first, so the rescale is one exp2 per round, not one per row.
+// (m, l, acc) of the GQ heads = the log-sum-exp reduction of the MidO/MidML rows first + i stride
+// (i < count) of each head (head hq's rows: rb + hq S + row): MERGE_U rows per head loaded at a
+// time, their common max taken first, so the rescale is one exp2 per round, not one per row.
 __device__ __forceinline__ void reduce_rows(const Args& A, int64_t rb, int first, int stride,
                                             int count, int lane, float (&m)[GQ], float (&l)[GQ],
                                             float (&acc)[GQ][ME]) {
   const int S = A.num_splits;
+#pragma unroll
+  for (int hq = 0; hq < GQ; ++hq) {
+    m[hq] = -INFINITY;
+    l[hq] = 0.f;
+#pragma unroll
+    for (int e = 0; e < ME; ++e) acc[hq][e] = 0.f;
+  }
   for (int i0 = 0; i0 < count; i0 += MERGE_U) {
     float2 ml[MERGE_U][GQ];
     float o[MERGE_U][GQ][ME];
@@ -602,13 +609,6 @@ __device__ __forceinline__ void merge_pair(const Args& A, int b, int hk, int c, 
   }
   const int64_t rb = ((int64_t)b * A.num_qo_heads + hk * GQ) * S;  // head hq's rows: rb + hq S
   float m[GQ], l[GQ], acc[GQ][E];
-#pragma unroll
-  for (int hq = 0; hq < GQ; ++hq) {
-    m[hq] = -INFINITY;
-    l[hq] = 0.f;
-#pragma unroll
-    for (int e = 0; e < E; ++e) acc[hq][e] = 0.f;
-  }
   const int C = A.merge_chunk;
   reduce_rows(A, rb, c * C, 1, min(C, S - c * C), lane, m, l, acc);
   if (chunks > 1) {  // the chunk's partial over its first row; the last chunk reduces them all
@@ -623,13 +623,6 @@ __device__ __forceinline__ void merge_pair(const Args& A, int b, int hk, int c, 
         *reinterpret_cast<float2*>(op) = make_float2(acc[hq][0], acc[hq][1]);
     }
     if (!arrive_last(pair_counter, chunks, lane)) return;
-#pragma unroll
-    for (int hq = 0; hq < GQ; ++hq) {
-      m[hq] = -INFINITY;
-      l[hq] = 0.f;
-#pragma unroll
-      for (int e = 0; e < E; ++e) acc[hq][e] = 0.f;
-    }
     reduce_rows(A, rb, 0, C, chunks, lane, m, l, acc);
   }
 #pragma unroll
