@@ -593,8 +593,8 @@ __device__ __forceinline__ void merge_pair(const Args& A, int b, int hk, int c, 
 #pragma unroll
     for (int e = 0; e < E; ++e) {
       const int i = E * lane + e;
-      kc[e] = i < HEAD_DIM ? __uint_as_float((uint32_t)kp[i] << 16) : 0.f;
-      vc[e] = i < HEAD_DIM ? __uint_as_float((uint32_t)vp[i] << 16) : 0.f;
+      kc[e] = i < HEAD_DIM ? bf16_lo(kp[i]) : 0.f;
+      vc[e] = i < HEAD_DIM ? bf16_lo(vp[i]) : 0.f;
     }
 #pragma unroll
     for (int hq = 0; hq < GQ; ++hq) {
@@ -603,7 +603,7 @@ __device__ __forceinline__ void merge_pair(const Args& A, int b, int hk, int c, 
 #pragma unroll
       for (int e = 0; e < E; ++e) {
         const int i = E * lane + e;
-        qv[hq][e] = i < HEAD_DIM ? __uint_as_float((uint32_t)qp[i] << 16) : 0.f;
+        qv[hq][e] = i < HEAD_DIM ? bf16_lo(qp[i]) : 0.f;
       }
     }
   }
