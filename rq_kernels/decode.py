@@ -32,12 +32,10 @@ from rq_kernels._host import (
     attention_loop_args, cdiv, check_decode_args, interpreting, next_pow2, pdl_capable,
     require_kernel, rotation_args, strides3, unsupported_reason,
 )
-from rq_kernels.decode_tc import WARPS as TC_WARPS
 from rq_kernels.decode_tc import (
-    carveout_percent, merge_counters, query_rotation, tc_occupancy, tc_split,
+    carveout_percent, merge_counters, query_rotation, tc_plan, tc_split,
     tc_unsupported_reason,
 )
-from rq_kernels.decode_tc import TILE as TC_TILE
 from rq_kernels.triton.decode_fma import rq_decode_fma_split_kernel
 from rq_kernels.triton.decode_mma import rq_decode_merge_kernel, rq_decode_mma_split_kernel
 from rq_kernels.triton.query import rq_rotate_query_kernel
@@ -210,10 +208,8 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
                 num_warps=4, launch_pdl=pdl)
             if not interp:
                 cuda.set_carveout(rotate.function, carveout_percent(dev.index))
-        occupancy = tc_occupancy(B * HKV, _num_sms(dev.index or 0))
-        splits = launch.num_splits or choose_num_splits(
-            B, HKV, kv_indices.numel(), dev, block_n=TC_TILE,
-            programs_per_sm=TC_WARPS * occupancy[0])
+        occupancy, splits = tc_plan(B, HKV, kv_indices.numel(), _num_sms(dev.index or 0),
+                                    splits=launch.num_splits)
         counters = None if q_split is not q else merge_counters(dev, B * HKV, splits, gq)
         mid_o, mid_ml = tc_split(q_split, kv_indptr, kv_indices, view, loop_id, HKV, qk_scale,
                                  splits, occupancy, pdl=pdl,

@@ -63,6 +63,45 @@ def tc_occupancy(units: int, num_sms: int) -> Occupancy:
     return three if WARPS * three.ctas_per_sm * num_sms >= 2 * units else two
 
 
+# A split's fixed cost in tile times: the query load and rotation, the pipeline's first tiles,
+# the partial's write and the merge's arrival
+SPLIT_OVERHEAD_TILES = 2
+MIN_SPLIT_TILES = 4  # a split reads at least this many tiles (the previous one-wave rule's floor)
+
+
+def tc_plan(batch_size: int, num_kv_heads: int, nnz: int, num_sms: int,
+            splits: int | None = None) -> tuple[Occupancy, int]:
+    """The `OCCUPANCY` shape (`tc_occupancy`) and the splits per request's history for a decode
+    call of ``batch_size`` requests holding ``nnz`` history tokens in all, on ``num_sms`` SMs.
+
+    The splits minimise the modelled time ``waves x (tiles per split + SPLIT_OVERHEAD_TILES)``:
+    ``waves`` is the launch's CTAs (``batch_size x cdiv(splits x num_kv_heads, 4)``) over the
+    CTAs that fit the GPU at once, rounded up, and a split reads ``cdiv(nnz / batch_size,
+    splits)`` tokens rounded up to whole iterations (`Occupancy.subtiles` tiles of 16), at least
+    `MIN_SPLIT_TILES` tiles; the fewest splits among equal times. Equal-length splits make a
+    partly filled wave cost a whole one, so where the (request, KV head) pairs leave a wave
+    partly filled this picks several full waves of shorter splits (FlashAttention-2's
+    ``num_splits_heuristic`` weighs the same wave efficiency); where one wave already fills,
+    it is the one-wave count. ``splits``: a forced count (`DecodeLaunch.num_splits`), returned
+    with the shape. Host-only (``nnz`` is host-known), so CUDA-graph friendly."""
+    occ = tc_occupancy(batch_size * num_kv_heads, num_sms)
+    if splits:
+        return occ, splits
+    avg = max(1, nnz // max(1, batch_size))
+    step = occ.subtiles * TILE
+    most = max(1, -(-avg // (MIN_SPLIT_TILES * TILE)))
+    slots = occ.ctas_per_sm * num_sms
+    best, best_cost = 1, None
+    for s in range(1, most + 1):
+        ctas = batch_size * -(-(s * num_kv_heads) // WARPS)
+        waves = -(-ctas // slots)
+        tiles = -(-(-(-avg // s)) // step) * occ.subtiles
+        cost = waves * (tiles + SPLIT_OVERHEAD_TILES)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = s, cost
+    return occ, best
+
+
 @functools.cache
 def carveout_percent(index: int) -> int | None:
     """The preferred shared-memory carveout (percent of the SM's shared memory) of the split

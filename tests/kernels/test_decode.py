@@ -22,6 +22,7 @@ import torch
 from attn_cases import build, history, queries, signed_hadamard
 
 from rq_kernels import decode as rq_decode
+from rq_kernels import decode_tc
 from rq_kernels import decode_attention, unsupported_reason
 from rq_kernels.decode import DecodeLaunch, fma_unsupported_reason
 from rq_kernels.decode_tc import OCCUPANCY, query_rotation, tc_unsupported_reason
@@ -171,7 +172,7 @@ def test_decode_tc_kernel(name, cfg, loops, hkv, group, dim, lens, rot, loop_ids
                           monkeypatch):
     """Each compiled shape (`decode_tc.OCCUPANCY`: 16- and 32-token iterations), forced: the
     batches here are far below the units that pick the 2-CTA shape."""
-    monkeypatch.setattr(rq_decode, "tc_occupancy", lambda units, num_sms: OCCUPANCY[shape])
+    monkeypatch.setattr(decode_tc, "tc_occupancy", lambda units, num_sms: OCCUPANCY[shape])
     _run(cfg, loops, hkv, group, dim, lens, rot, loop_ids, device, seed=23,
          launch=DecodeLaunch(split_kernel="tc"))
     _run(cfg, loops, hkv, group, dim, lens, rot, loop_ids, device, seed=24,

@@ -14,7 +14,7 @@ import pytest
 
 from rq_kernels import cuda
 from rq_kernels.decode_tc import (
-    HEAD_DIMS, OCCUPANCY, SOURCE, WARPS, _Args, stage_bytes, tc_occupancy, width,
+    HEAD_DIMS, OCCUPANCY, SOURCE, WARPS, _Args, stage_bytes, tc_occupancy, tc_plan, width,
 )
 
 TEXT = (cuda.CSRC / SOURCE).read_text()
@@ -129,6 +129,25 @@ def test_occupancy_shape_follows_the_wave():
     assert tc_occupancy(792, 132) == three
     assert tc_occupancy(793, 132) == two
     assert tc_occupancy(16 * 64, 132) == two  # 64 x 8k of the benchmark: one split each
+
+
+def test_plan_fills_whole_waves():
+    """`tc_plan` on 132 SMs (Ouro: 16 KV heads), times in tile times, derived by hand.
+
+    55 x 16k: 880 pairs, so the 2-CTA shape (264 CTAs at once, 32-token iterations). One split
+    each is 220 CTAs, one partly filled wave of 1,024 tiles (+ 2 overhead) = 1,026; six are
+    55 x 24 = 1,320 CTAs = 5 full waves of cdiv(2731, 32) = 86 iterations = 172 tiles:
+    5 x 174 = 870. 16 x 16k: six splits are 384 CTAs <= 396, one wave; twelve need two waves of
+    86 + 2 (176 > 173), so the one-wave count stays. 1 x 8k: 86 splits read cdiv(8192, 86) =
+    96 tokens = 6 tiles (85 would read 97, 7 tiles); up to 99 still 6 tiles in one wave of
+    <= 396 CTAs, 100 need a second wave, so 86, the fewest. 64 x 8k: one split each is 256 of
+    264 CTAs. A forced count is returned with the shape."""
+    three, two = OCCUPANCY
+    assert tc_plan(55, 16, 55 * 16384, 132) == (two, 6)
+    assert tc_plan(16, 16, 16 * 16384, 132) == (three, 6)
+    assert tc_plan(1, 16, 8192, 132) == (three, 86)
+    assert tc_plan(64, 16, 64 * 8192, 132) == (two, 1)
+    assert tc_plan(55, 16, 55 * 16384, 132, splits=3) == (two, 3)
 
 
 def _cuda_header() -> str | None:
