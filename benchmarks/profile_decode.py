@@ -9,7 +9,7 @@ The graph time minus the sum of the kernels is the launch gaps inside the graph.
 programmatic dependent launch (the default) a dependent kernel starts while its primary runs and
 waits inside, so its profiled time includes that wait; the tc rows therefore also give each
 kernel's time launched without it (``kernels_nopdl_us``: isolated, serialised). A split-count
-sweep at small batch shows what the one-wave split heuristic (`choose_num_splits`) leaves on the
+sweep at small batch shows what the tc kernel's split plan (`decode_tc.tc_plan`) leaves on the
 table. Writes ``DIR/profile_decode.json``.
 """
 

@@ -54,7 +54,8 @@ class DecodeLaunch:
     """Launch overrides of `decode_attention` (None: the H200-sweep default).
 
     ``split_kernel``: ``"tc"``, ``"fma"`` or ``"mma"`` (default: see the module docstring);
-    ``num_splits``: splits per request's history (default: fill one wave of the GPU);
+    ``num_splits``: splits per request's history (default: tc `decode_tc.tc_plan`, whole waves
+    of equal splits; the Triton kernels `choose_num_splits`, one wave);
     ``block_n``: history tokens per tile (fma: 64 on loops with a residual, else 32 or 64 by
     group count; mma: 32, and at least 32 on CUDA; tc: fixed 16, refused if set);
     ``pdl``: launch the query rotation, the tc split kernel and the merge as programmatic
