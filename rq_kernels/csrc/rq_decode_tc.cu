@@ -20,11 +20,14 @@
 // elements NT g + l of its slice g (l = 2 mt, 2 mt + 1) at columns 2t, 2t + 1; the epilogue
 // picks each element's (head, group) columns from the quad.
 //
-// Codes become bf16 with one LOP3 each (magic number 0x4300 = 128.0: a code c at bit position
-// pos of a 16-bit half reads as 128 + c * 2^pos). The 128 is never subtracted per element:
-// sum_e q_e (128 + c_e 2^pos_e) = 128 sum_e q_e + sum_e q_e 2^pos_e c_e, so the query is
-// pre-divided by 2^pos_e (exact in bf16) and 128 * sum q folded into the per-group epilogue;
-// on the V side 128 * sum W and the 2^pos factor are taken out once at the end.
+// Codes become fp16 (K) or bf16 (V) with one LOP3 each (magic number 0x6400 = 1024.0 or 0x4300
+// = 128.0: a code c at bit position pos of a 16-bit half reads as M + c * 2^pos). M is never
+// subtracted per element: sum_e q_e (M + c_e 2^pos_e) = M sum_e q_e + sum_e q_e 2^pos_e c_e, so
+// the query is pre-divided by 2^pos_e and M * sum q (of the fp16 fragments as rounded) folded
+// into the per-group epilogue; on the V side 128 * sum W and the 2^pos factor are taken out once
+// at the end. fp16's 10 mantissa bits hold two 4-bit or five 2-bit codes of a half unshifted
+// (bf16's 7: one or three), so the K side needs one shift per word; the V weights stay bf16
+// (p c s spans more than fp16's range).
 //
 // Logit of (head h, token):  sum_g  c s_a (X_a - F_a) + s_r (X_r - F_r) + (c m_a + m_r) S_q
 // Output (rotated basis):    sum_g  (C_a - 128 SW_a) + (C_r - 128 SW_r) / 2^pos + sum p (c m_a + m_r)
@@ -37,7 +40,7 @@
 // The kernel's width D is HEAD_DIM rounded up to a power of two (64 or 128). head_dim 96 runs as
 // 128: a fourth, padding group whose query is zero (K) and whose outputs are written as 0 (V);
 // only the 96 elements' bytes are copied (the padding's shared memory is never written: any
-// bits unpack to a finite bf16, and they only meet a zero query or padding outputs), and the
+// bits unpack to a finite fp16 or bf16, and they only meet a zero query or padding outputs), and the
 // padding columns of the K epilogue and rows of the V weights are masked by selects.
 // Each thread's K slice is D / 4 elements (K_STEPS = D / 16 MMAs), its V slice D / 8 elements
 // (D / 8 n-tiles); at D = 64 the same maps hold with half the steps and n-tiles.
@@ -113,22 +116,34 @@ __device__ __forceinline__ uint32_t lop_magic(uint32_t x, uint32_t mask, uint32_
   return d;
 }
 
-// Shift and position of code j (0 <= j < 16/BITS) of a 16-bit half after unpacking.
-template <int BITS> __device__ __forceinline__ constexpr int code_shift(int j) {
-  return BITS == 4 ? 4 * j : (j < 3 ? 0 : (j < 6 ? 6 : 12));
+// Shift and position of code j (0 <= j < 16/BITS) of a 16-bit half after unpacking, into bf16
+// (7 mantissa bits: a 4-bit code at position 0, 2-bit codes at 0, 2, 4) or, F16, into fp16 (10
+// mantissa bits: 4-bit codes at 0 and 4, 2-bit codes at 0, 2, ..., 8), so fp16 needs one shift
+// per word where bf16 needs 3 (4-bit) or 2 (2-bit).
+template <int BITS, bool F16> __device__ __forceinline__ constexpr int code_shift(int j) {
+  if constexpr (F16) return BITS == 4 ? (j < 2 ? 0 : 8) : (j < 5 ? 0 : 10);
+  else return BITS == 4 ? 4 * j : (j < 3 ? 0 : (j < 6 ? 6 : 12));
 }
-template <int BITS> __device__ __forceinline__ constexpr int code_pos(int j) {
-  return BITS == 4 ? 0 : 2 * j - code_shift<2>(j);
+template <int BITS, bool F16> __device__ __forceinline__ constexpr int code_pos(int j) {
+  return BITS * j - code_shift<BITS, F16>(j);
+}
+// The magic: bf16x2 (128, 128) or fp16x2 (1024, 1024); a code reads as MAGIC + code * 2^pos.
+template <bool F16> __device__ __forceinline__ constexpr uint32_t magic_bits() {
+  return F16 ? 0x64006400u : 0x43004300u;
+}
+template <bool F16> __device__ __forceinline__ constexpr float magic_value() {
+  return F16 ? 1024.f : 128.f;
 }
 
-// Unpack one 32-bit word X: R[j] = (128 + lo-half code j * 2^pos(j), 128 + hi-half code j ...).
-template <int BITS> __device__ __forceinline__ void unpack_word(uint32_t x, uint32_t* r,
-                                                            uint32_t magic) {
+// Unpack one 32-bit word X: R[j] = (MAGIC + lo-half code j * 2^pos(j), MAGIC + hi-half code j ...).
+// The magic is a register operand (with two immediates ptxas emits an AND and an OR).
+template <int BITS, bool F16> __device__ __forceinline__ void unpack_word(uint32_t x, uint32_t* r,
+                                                                       uint32_t magic) {
   constexpr int H = 16 / BITS;
 #pragma unroll
   for (int j = 0; j < H; ++j) {
-    const uint32_t m = ((1u << BITS) - 1u) << code_pos<BITS>(j);
-    r[j] = lop_magic(x >> code_shift<BITS>(j), m | (m << 16), magic);
+    const uint32_t m = ((1u << BITS) - 1u) << code_pos<BITS, F16>(j);
+    r[j] = lop_magic(x >> code_shift<BITS, F16>(j), m | (m << 16), magic);
   }
 }
 
@@ -136,6 +151,14 @@ __device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uin
                                          uint32_t a3, uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_f16(float* c, uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
@@ -188,6 +211,17 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
   return d;
 }
+__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
+  uint32_t d;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+__device__ __forceinline__ float2 f16_pair(uint32_t h) {  // fp16x2 -> (low, high) fp32
+  float lo, hi;
+  asm("{\n.reg .b16 l, u;\nmov.b32 {l, u}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, u;\n}\n"
+      : "=f"(lo), "=f"(hi) : "r"(h));
+  return make_float2(lo, hi);
+}
 __device__ __forceinline__ float bf16_lo(uint32_t x) { return __uint_as_float(x << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t x) { return __uint_as_float(x & 0xFFFF0000u); }
 
@@ -195,10 +229,7 @@ __device__ __forceinline__ float bf16_hi(uint32_t x) { return __uint_as_float(x 
 __device__ __forceinline__ float2 fp8x2(uint16_t v) {
   uint32_t h;
   asm("{\n.reg .b16 t;\nmov.b16 t, %1;\ncvt.rn.f16x2.e4m3x2 %0, t;\n}\n" : "=r"(h) : "h"(v));
-  float lo, hi;
-  asm("{\n.reg .b16 l, u;\nmov.b32 {l, u}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, u;\n}\n"
-      : "=f"(lo), "=f"(hi) : "r"(h));
-  return make_float2(lo, hi);
+  return f16_pair(h);
 }
 
 template <int BYTES> struct Words;
@@ -229,7 +260,7 @@ template <int BITS> __device__ __forceinline__ void unpack_k(const Words<SL * BI
                                                              uint32_t* u, uint32_t magic) {
   constexpr int H = 16 / BITS;
 #pragma unroll
-  for (int w = 0; w < SL * BITS / 32; ++w) unpack_word<BITS>(x.w[w], u + w * H, magic);
+  for (int w = 0; w < SL * BITS / 32; ++w) unpack_word<BITS, true>(x.w[w], u + w * H, magic);
 }
 
 // V side: the NT-element slice g of tokens a and b -> NT registers, register l holding
@@ -241,9 +272,9 @@ template <int BITS> __device__ __forceinline__ void unpack_v(const Words<NT * BI
   constexpr int NH = NT * BITS / 16;  // 16-bit halves per slice (1 at D = 64, 2 bits)
 #pragma unroll
   for (int w = 0; w < (NH + 1) / 2; ++w) {
-    unpack_word<BITS>(__byte_perm(a.w[w], b.w[w], 0x5410), u + w * 2 * H, magic);
+    unpack_word<BITS, false>(__byte_perm(a.w[w], b.w[w], 0x5410), u + w * 2 * H, magic);
     if (2 * w + 1 < NH)
-      unpack_word<BITS>(__byte_perm(a.w[w], b.w[w], 0x7632), u + w * 2 * H + H, magic);
+      unpack_word<BITS, false>(__byte_perm(a.w[w], b.w[w], 0x7632), u + w * 2 * H + H, magic);
   }
 }
 
@@ -251,8 +282,8 @@ template <int BITS> __device__ __forceinline__ void unpack_v(const Words<NT * BI
 template <int BITS> __host__ __device__ constexpr int k_elem(int r, int half) {
   return (r / (16 / BITS)) * (32 / BITS) + half * (16 / BITS) + r % (16 / BITS);
 }
-template <int BITS> __device__ __forceinline__ float pos_scale(int j) {  // 2^-pos of code j
-  return 1.0f / float(1 << code_pos<BITS>(j));
+template <int BITS, bool F16> __device__ __forceinline__ float pos_scale(int j) {  // 2^-pos
+  return 1.0f / float(1 << code_pos<BITS, F16>(j));
 }
 
 struct Args {
@@ -441,8 +472,8 @@ template <int BYTES> __device__ __forceinline__ Words<BYTES> lds_words(const uin
 }
 
 // K dots of one loop (anchor or residual) for the tile in shared memory at k (codes of 16 tokens,
-// pitch bytes apart): x = C[tok g | 8 + g][cols 2t, 2t + 1] of A = codes (tokens on M), B = the
-// masked query fragments qf.
+// pitch bytes apart): x = C[tok g | 8 + g][cols 2t, 2t + 1] of A = codes (tokens on M, fp16), B =
+// the masked query fragments qf (fp16); magic: magic_bits<true>.
 template <int BITS> __device__ __forceinline__ void k_dots(const uint8_t* k, int pitch, int g, int t,
                                                          const uint32_t (&qf)[K_STEPS][2],
                                                          uint32_t magic, float (&x)[4]) {
@@ -455,15 +486,15 @@ template <int BITS> __device__ __forceinline__ void k_dots(const uint8_t* k, int
   float y[4] = {0.f, 0.f, 0.f, 0.f};  // odd steps: two MMA chains of half the length
 #pragma unroll
   for (int s = 0; s < K_STEPS; s += 2) {
-    mma_bf16(x, u0[2 * s], u1[2 * s], u0[2 * s + 1], u1[2 * s + 1], qf[s][0], qf[s][1]);
-    mma_bf16(y, u0[2 * s + 2], u1[2 * s + 2], u0[2 * s + 3], u1[2 * s + 3], qf[s + 1][0], qf[s + 1][1]);
+    mma_f16(x, u0[2 * s], u1[2 * s], u0[2 * s + 1], u1[2 * s + 1], qf[s][0], qf[s][1]);
+    mma_f16(y, u0[2 * s + 2], u1[2 * s + 2], u0[2 * s + 3], u1[2 * s + 3], qf[s + 1][0], qf[s + 1][1]);
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) x[i] += y[i];
 #else
 #pragma unroll
   for (int s = 0; s < K_STEPS; ++s)
-    mma_bf16(x, u0[2 * s], u1[2 * s], u0[2 * s + 1], u1[2 * s + 1], qf[s][0], qf[s][1]);
+    mma_f16(x, u0[2 * s], u1[2 * s], u0[2 * s + 1], u1[2 * s + 1], qf[s][0], qf[s][1]);
 #endif
 }
 
@@ -654,7 +685,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 rq_decode_tc_split(const Args A) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const uint32_t magic = 0x43004300u;  // bf16x2 (128, 128); a register operand of the LOP3s
+  const uint32_t kmagic = magic_bits<true>(), vmagic = magic_bits<false>();  // LOP3 operands
   const int g = lane >> 2, t = lane & 3;
   // this warp's (split, KV head) of request b, KV head fastest: the CTA's warps are adjacent
   // units (adjacent KV heads of one split when num_kv_heads % 4 == 0), so the small per-token
@@ -758,7 +789,7 @@ rq_decode_tc_split(const Args A) {
     __syncwarp();
   }
 
-  // ---- query fragments (pre-divided by 2^pos) and the folds 128 * sum q, sum q per row
+  // ---- query fragments (fp16, pre-divided by 2^pos) and the folds 1024 * sum q, sum q per row
   uint32_t qa[K_STEPS][2];
 #if R_BITS > 0
   uint32_t qr[K_STEPS][2];
@@ -775,18 +806,21 @@ rq_decode_tc_split(const Args A) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const float x = a_rows ? __uint_as_float((uint32_t)qh[k_elem<A_BITS>(r, half)] << 16) : 0.f;
-        v[half] = x * pos_scale<A_BITS>(r % (16 / A_BITS));
+        v[half] = x * pos_scale<A_BITS, true>(r % (16 / A_BITS));
         qsum += x;
 #if R_BITS > 0
         const float y = a_rows ? __uint_as_float((uint32_t)qh[k_elem<R_BITS>(r, half)] << 16) : 0.f;
-        w[half] = y * pos_scale<R_BITS>(r % (16 / R_BITS));
+        w[half] = y * pos_scale<R_BITS, true>(r % (16 / R_BITS));
 #endif
       }
-      qa[r / 2][r % 2] = pack_bf16(v[0], v[1]);
-      fold_a += 128.f * (v[0] + v[1]);
+      // the folds from the fragments as rounded (an element below fp16's normal range rounds)
+      qa[r / 2][r % 2] = pack_f16(v[0], v[1]);
+      const float2 va = f16_pair(qa[r / 2][r % 2]);
+      fold_a += magic_value<true>() * (va.x + va.y);
 #if R_BITS > 0
-      qr[r / 2][r % 2] = pack_bf16(w[0], w[1]);
-      fold_r += 128.f * (w[0] + w[1]);
+      qr[r / 2][r % 2] = pack_f16(w[0], w[1]);
+      const float2 wr = f16_pair(qr[r / 2][r % 2]);
+      fold_r += magic_value<true>() * (wr.x + wr.y);
 #endif
     }
     // sum over the quad's slices of this row's group (slices of other groups contribute 0)
@@ -846,10 +880,10 @@ rq_decode_tc_split(const Args A) {
     const int n = lo + (it + u) * TILE;
     // ---- K (tokens on M): X[tok, col] for tokens g, 8 + g and columns 2t, 2t + 1
     float xa[4];
-    k_dots<A_BITS>(stp, BA, g, t, qa, magic, xa);
+    k_dots<A_BITS>(stp, BA, g, t, qa, kmagic, xa);
 #if R_BITS > 0
     float xr[4];
-    k_dots<R_BITS>(stp + OFF_KR, BR, g, t, qr, magic, xr);
+    k_dots<R_BITS>(stp + OFF_KR, BR, g, t, qr, kmagic, xr);
 #endif
     // ---- logits of head ht for tokens g (j = 0) and 8 + g (j = 1): this thread's two columns,
     // then the head's other columns (NG = 4: the neighbour thread)
@@ -985,7 +1019,7 @@ rq_decode_tc_split(const Args A) {
     // (this thread's slice g of NT elements, unpacked as (token, token) pairs)
     {
       uint32_t u01[NT], u89[NT];
-      v_codes<A_BITS>(stp + OFF_VA, BA, g, t, u01, u89, magic);
+      v_codes<A_BITS>(stp + OFF_VA, BA, g, t, u01, u89, vmagic);
 #if PAIRED && R_BITS > 0
       v_mmas(cv, u01, u89, second ? 0u : wa01, second ? 0u : wa89);  // the anchor's columns 0-3
 #else
@@ -995,7 +1029,7 @@ rq_decode_tc_split(const Args A) {
 #endif
 #endif
 #if R_BITS > 0
-      v_codes<R_BITS>(stp + OFF_VR, BR, g, t, u01, u89, magic);
+      v_codes<R_BITS>(stp + OFF_VR, BR, g, t, u01, u89, vmagic);
 #if PAIRED
       v_mmas(cv, u01, u89, second ? wa01 : 0u, second ? wa89 : 0u);  // the residual's columns 4-7
 #else
@@ -1049,11 +1083,11 @@ rq_decode_tc_split(const Args A) {
       for (int c = 0; c < 2; ++c) {
         const int n = 2 * t + c;
         const float x = cv[l / 2][2 * (l % 2) + c];
-        if (n == col) v += (x - 128.f * swc_a[c]) * pos_scale<A_BITS>(l % HA);
+        if (n == col) v += (x - magic_value<false>() * swc_a[c]) * pos_scale<A_BITS, false>(l % HA);
 #if PAIRED  // columns 4-7: the residual's, or the remainder's over the anchor codes
-        if (n == col + 4) v += (x - 128.f * swc_a[c]) * pos_scale<SBITS>(l % HS);
+        if (n == col + 4) v += (x - magic_value<false>() * swc_a[c]) * pos_scale<SBITS, false>(l % HS);
 #elif RES_ACC
-        if (n == col) v += (cw[l / 2][2 * (l % 2) + c] - 128.f * swc_r[c]) * pos_scale<SBITS>(l % HS);
+        if (n == col) v += (cw[l / 2][2 * (l % 2) + c] - magic_value<false>() * swc_r[c]) * pos_scale<SBITS, false>(l % HS);
 #endif
       }
       v += __shfl_xor_sync(0xffffffffu, v, 1);

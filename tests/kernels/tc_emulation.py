@@ -1,5 +1,5 @@
 """A NumPy emulation of `csrc/rq_decode_tc.cu` (the split kernel) with the kernel's roundings:
-bf16 query fragments, bf16 V weights, fp32 MMA accumulation, lazy rescaling, the folds. Lane
+fp16 query fragments (K codes unpacked to fp16), bf16 V weights, fp32 MMA accumulation, lazy rescaling, the folds. Lane
 by lane (arrays over the 32 lanes of a warp), one warp per (request, KV head, split); plus the
 merge (`rq_decode_merge_kernel`, without rotation) in fp32. head_dim 64 and 128 only.
 """
@@ -21,6 +21,11 @@ def bf16r(x):
     return (r & 0xFFFFFFFF).astype(np.uint32).view(F32)
 
 
+def f16r(x):
+    """fp32 -> fp16 (round to nearest even, subnormals kept) as fp32 values."""
+    return np.asarray(x, F32).astype(np.float16).astype(F32)
+
+
 def bits_bf16(x):
     return (bf16r(x).view(np.uint32) >> 16).astype(np.uint32)
 
@@ -36,23 +41,35 @@ def fp8(b):
     return _FP8[np.asarray(b, np.int64)].astype(F32)
 
 
-def shift(j, bits):
+def shift(j, bits, f16=False):
+    """code_shift<bits, f16>: bf16 holds a 4-bit code at position 0 or 2-bit codes at 0, 2, 4;
+    fp16 4-bit codes at 0, 4 and 2-bit codes at 0, 2, ..., 8."""
+    if f16:
+        return (0 if j < 2 else 8) if bits == 4 else (0 if j < 5 else 10)
     return 4 * j if bits == 4 else (0 if j < 3 else (6 if j < 6 else 12))
 
 
-def pos(j, bits):
-    return 0 if bits == 4 else 2 * j - shift(j, 2)
+def pos(j, bits, f16=False):
+    return bits * j - shift(j, bits, f16)
 
 
-def unpack_word(x, bits):
-    """x uint32 array -> list of H (lo, hi) fp32 value pairs (128 + code * 2^pos)."""
+MAGIC = {False: 128.0, True: 1024.0}  # magic_value<F16>: bf16 0x4300, fp16 0x6400
+
+
+def unpack_word(x, bits, f16=False):
+    """x uint32 array -> list of H (lo, hi) fp32 value pairs (MAGIC + code * 2^pos), bf16 (the V
+    side) or fp16 (f16: the K side)."""
     out = []
     x = np.asarray(x, np.uint64)
     for j in range(16 // bits):
-        m = ((1 << bits) - 1) << pos(j, bits)
-        r = ((x >> shift(j, bits)) & (m | (m << 16))) | 0x43004300
+        m = ((1 << bits) - 1) << pos(j, bits, f16)
+        r = ((x >> shift(j, bits, f16)) & (m | (m << 16))) | (0x64006400 if f16 else 0x43004300)
         r = r.astype(np.uint32)
-        out.append((from_bf16_bits(r & 0xFFFF), from_bf16_bits(r >> 16)))
+        if f16:
+            out.append(((r & 0xFFFF).astype(np.uint16).view(np.float16).astype(F32),
+                        (r >> 16).astype(np.uint16).view(np.float16).astype(F32)))
+        else:
+            out.append((from_bf16_bits(r & 0xFFFF), from_bf16_bits(r >> 16)))
     return out
 
 
@@ -160,17 +177,17 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
                 for half in range(2):
                     e = SL * T + k_elem(r, half, a_bits)
                     x = np.where(a_rows, bf16r(qrow[LANES, e]), F32(0))
-                    v[half] = (x * F32(1.0 / (1 << pos(r % HA, a_bits)))).astype(F32)
+                    v[half] = (x * F32(1.0 / (1 << pos(r % HA, a_bits, True)))).astype(F32)
                     qsum = (qsum + x).astype(F32)
                     if r_bits:
                         e2 = SL * T + k_elem(r, half, r_bits)
                         y = np.where(a_rows, bf16r(qrow[LANES, e2]), F32(0))
-                        w[half] = (y * F32(1.0 / (1 << pos(r % (16 // r_bits), r_bits)))).astype(F32)
-                qa[r // 2][r % 2] = (bf16r(v[0]), bf16r(v[1]))
-                fold_a = (fold_a + F32(128) * (v[0] + v[1])).astype(F32)
+                        w[half] = (y * F32(1.0 / (1 << pos(r % (16 // r_bits), r_bits, True)))).astype(F32)
+                qa[r // 2][r % 2] = (f16r(v[0]), f16r(v[1]))
+                fold_a = (fold_a + F32(1024) * (qa[r // 2][r % 2][0] + qa[r // 2][r % 2][1])).astype(F32)
                 if r_bits:
-                    qr[r // 2][r % 2] = (bf16r(w[0]), bf16r(w[1]))
-                    fold_r = (fold_r + F32(128) * (w[0] + w[1])).astype(F32)
+                    qr[r // 2][r % 2] = (f16r(w[0]), f16r(w[1]))
+                    fold_r = (fold_r + F32(1024) * (qr[r // 2][r % 2][0] + qr[r // 2][r % 2][1])).astype(F32)
             for m in (1, 2):
                 fold_a = fold_a + xor(fold_a, m)
                 fold_r = fold_r + xor(fold_r, m)
@@ -214,7 +231,7 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
                         for tok in (G, 8 + G):
                             regs = []
                             for wd in words(buf, tok * pitch + T * KB, KB):
-                                regs += unpack_word(wd, bits)
+                                regs += unpack_word(wd, bits, f16=True)
                             u.append(regs)
                         x = np.zeros((32, 4), F32)
                         for s in range(K_STEPS):

@@ -3,12 +3,13 @@
 `_tile` mirrors `csrc/rq_decode_tc.cu` for one warp and one 16-token tile: the shared-memory
 stage (codes at the kernel's width with junk in head_dim 96's padding bytes, (scale, offset)
 rows at their offset in the two copied words, junk around them, FP8 NaN bytes included), the
-per-lane code unpacking (LOP3 with the 0x4300 magic, PRMT interleave), the query fragments and
+per-lane code unpacking (LOP3 with the fp16 0x6400 magic on K, bf16 0x4300 on V, PRMT
+interleave), the query fragments and
 folds, the m16n8k16 fragment layouts of both MMA phases, the shuffles between them and the
 epilogue. It checks, for head_dim 64, 96 and 128, that the logits and the unnormalised output
 equal a direct computation over the dequantized codes, that every output element of every row
 is written exactly once (head_dim 96: the padding columns 96-127 as 0), and that no query
-element past head_dim is read. The arithmetic is float64 without the kernel's bf16 roundings:
+element past head_dim is read. The arithmetic is float64 without the kernel's fp16/bf16 roundings:
 this checks which element meets which, not rounding. The code layout (shifts, positions,
 unpacking, byte permutes) comes from `tc_emulation`, the numerics emulation. Keep both in step
 with the .cu.
@@ -32,14 +33,14 @@ def _fp8(byte: int) -> float:
     return float(emu.fp8(byte))
 
 
-def _pos(j: int, bits: int) -> int:
-    return emu.pos(j, bits)
+def _pos(j: int, bits: int, f16: bool = False) -> int:
+    return emu.pos(j, bits, f16)
 
 
-def _unpack_word(x: int, bits: int) -> list[tuple[float, float]]:
+def _unpack_word(x: int, bits: int, f16: bool = False) -> list[tuple[float, float]]:
     """unpack_word (`tc_emulation.unpack_word` on one lane): register j = (lo half, hi half) as
-    bf16 values 128 + code * 2^pos."""
-    return [(float(lo[0]), float(hi[0])) for lo, hi in emu.unpack_word(np.array([x]), bits)]
+    values MAGIC + code * 2^pos (fp16 on the K side, f16; bf16 on the V side)."""
+    return [(float(lo[0]), float(hi[0])) for lo, hi in emu.unpack_word(np.array([x]), bits, f16)]
 
 
 def _words(buf: bytes, off: int, n: int) -> list[int]:
@@ -134,11 +135,11 @@ def _tile(hd, gs, gq, a_bits, r_bits, hi, seed):
                     if a_rows:
                         assert e < hd, "query read past head_dim"
                     x = q[h][e] if a_rows else 0.0
-                    pair.append(x / 2 ** _pos(r % (16 // b), b))
+                    pair.append(x / 2 ** _pos(r % (16 // b), b, True))
                     if lp == 0:
                         qsum[lane] += x
                 regs.append(tuple(pair))
-                fold[lp][lane] += 128 * sum(pair)
+                fold[lp][lane] += emu.MAGIC[True] * sum(pair)
             qf[lp][lane] = [(regs[2 * s], regs[2 * s + 1]) for s in range(sl // 4)]
     quad = lambda v: [sum(v[4 * (lane >> 2) + i] for i in range(4)) for lane in lanes]  # noqa: E731
     fold = [quad(f) for f in fold]
@@ -154,7 +155,7 @@ def _tile(hd, gs, gq, a_bits, r_bits, hi, seed):
         u = {}
         for lane in lanes:
             g, t = lane >> 2, lane & 3
-            u[lane] = [sum((_unpack_word(w, b) for w in _words(buf, tok * pitch + t * kb, kb)), [])
+            u[lane] = [sum((_unpack_word(w, b, True) for w in _words(buf, tok * pitch + t * kb, kb)), [])
                        for tok in (g, 8 + g)]
         for s in range(sl // 4):
             c = _mma({lane: (u[lane][0][2 * s], u[lane][1][2 * s], u[lane][0][2 * s + 1],
