@@ -107,6 +107,10 @@ static_assert((SUBT == 1 || SUBT == 2) && STAGES >= 2 * SUBT, "SUBT tiles per it
 // K dots as two MMA chains of half the length (even and odd steps) in the 2-CTA shape (SUBT 2),
 // whose 8 warps per SM expose the chain's latency more than the 3-CTA shape's 12
 #define KSPLIT (SUBT == 2)
+// tokens between the V magic drains (rescale_drain): 256 cost 1-4 % more at 64 x 8k
+// (benchmarks/results/h200_2026-12-03c_drain_ab.json)
+#define DRAIN_TOKENS 512
+#define DRAIN_ITERS (DRAIN_TOKENS / (SUBT * TILE))
 
 // (x & mask) | magic in one LOP3: written as PTX with the magic in a register (with two
 // immediates ptxas emits an AND and an OR).
@@ -520,6 +524,29 @@ __device__ __forceinline__ void v_mmas(float (&c)[NM][4], const uint32_t* u01,
     mma_bf16(c[m], u01[2 * m], u01[2 * m + 1], u89[2 * m], u89[2 * m + 1], b0, b1);
 }
 
+// The softmax rescale of V accumulators c by the factors f0, f1 of columns 2t, 2t + 1, draining
+// their magic share 128 sum W first (sw: this thread's part of column g's weight sum since the
+// last drain; zeroed): c = (c - 128 SW) f, one FFMA per element. Left in, the magic share grows
+// with the split: the tensor cores' fp32 accumulation rounds each m16n8k16's sum with a bias
+// (truncation; Fasi et al. 2021, "Numerical behavior of NVIDIA tensor cores", sec. 4) relative to
+// the running sum, which is mostly magic (128 against a code's c 2^pos, 0-15 at pos 0). Over a
+// 16k-token split, or 64 x 8k in one split each, that bias was 2-10x bf16 SDPA's error
+// (benchmarks/results/h200_2026-12-03c_drain_ab.json); drained every DRAIN_ITERS iterations it
+// is within 1.2x of it.
+__device__ __forceinline__ void rescale_drain(float (&c)[NM][4], float& sw, int t, float f0,
+                                              float f1) {
+  float s = sw + __shfl_xor_sync(0xffffffffu, sw, 1);
+  s += __shfl_xor_sync(0xffffffffu, s, 2);  // column g's, over the quad's tokens
+  const float d0 = -magic_value<false>() * __shfl_sync(0xffffffffu, s, 4 * (2 * t)) * f0;
+  const float d1 = -magic_value<false>() * __shfl_sync(0xffffffffu, s, 4 * (2 * t + 1)) * f1;
+#pragma unroll
+  for (int l = 0; l < NM; ++l) {
+    c[l][0] = fmaf(c[l][0], f0, d0); c[l][1] = fmaf(c[l][1], f1, d1);
+    c[l][2] = fmaf(c[l][2], f0, d0); c[l][3] = fmaf(c[l][3], f1, d1);
+  }
+  sw = 0.f;
+}
+
 // ---- the fused merge (q_mode 1 or 2): the splits of each (request, KV head) pair form chunks of
 // A.merge_chunk (the host's choice: decode_tc.merge_chunk); the last warp of a chunk to finish
 // reduces the chunk's rows and writes the partial over the chunk's first row; the last chunk to
@@ -929,7 +956,8 @@ rq_decode_tc_split(const Args A) {
     // lazy rescaling: keep the running max unless a logit exceeds its head's by 2^8 (each
     // thread checks its own K-side logits against m_run_k, the running max of their head ht; the
     // head's exact max over the iteration is taken only then)
-    bool over = false;
+    // (and every DRAIN_ITERS iterations, for the magic drain)
+    bool over = (it / SUBT) % DRAIN_ITERS == DRAIN_ITERS - 1;
 #pragma unroll
     for (int u = 0; u < SUBT; ++u) over |= fmaxf(lg[u][0], lg[u][1]) > m_run_k + 8.f;
     if (__any_sync(0xffffffffu, over)) {
@@ -948,17 +976,11 @@ rq_decode_tc_split(const Args A) {
       // factors come from quads 2t, 2t + 1 (which build those columns' weights)
       const float f0 = __shfl_sync(0xffffffffu, f, 4 * (2 * t));
       const float f1 = __shfl_sync(0xffffffffu, f, 4 * (2 * t + 1));
-#pragma unroll
-      for (int l = 0; l < NM; ++l) {
-        cv[l][0] *= f0; cv[l][1] *= f1; cv[l][2] *= f0; cv[l][3] *= f1;
+      rescale_drain(cv, sw_a, t, f0, f1);
 #if RES_ACC
-        cw[l][0] *= f0; cw[l][1] *= f1; cw[l][2] *= f0; cw[l][3] *= f1;
+      rescale_drain(cw, sw_r, t, f0, f1);
 #endif
-      }
-      l_run *= f; sw_a *= f; m_off *= f;
-#if RES_ACC
-      sw_r *= f;
-#endif
+      l_run *= f; m_off *= f;
       m_run = m_new;
       m_run_k = __shfl_sync(0xffffffffu, m_run, 4 * (ht_k * NG));  // row (ht, group 0)
     }

@@ -6,8 +6,12 @@ merge (`rq_decode_merge_kernel`, without rotation) in fp32. head_dim 64 and 128 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import torch
+
+from rq_kernels.cuda import CSRC
 
 F32 = np.float32
 LANES = np.arange(32)
@@ -54,6 +58,8 @@ def pos(j, bits, f16=False):
 
 
 MAGIC = {False: 128.0, True: 1024.0}  # magic_value<F16>: bf16 0x4300, fp16 0x6400
+# tiles between the V magic drains (the kernel's DRAIN_TOKENS / 16)
+DRAIN_TILES = int(re.search(r"#define DRAIN_TOKENS (\d+)", (CSRC / "rq_decode_tc.cu").read_text())[1]) // 16
 
 
 def unpack_word(x, bits, f16=False):
@@ -73,8 +79,11 @@ def unpack_word(x, bits, f16=False):
     return out
 
 
-def mma(c, a, b):
-    """c [32, 4] fp32; a: 4 x (lo, hi) arrays [32]; b: 2 x (lo, hi). Returns new c."""
+def mma(c, a, b, trunc=False):
+    """c [32, 4] fp32; a: 4 x (lo, hi) arrays [32]; b: 2 x (lo, hi). Returns new c. trunc: the
+    accumulation rounds toward zero (the tensor cores' fp32 accumulation, Fasi et al. 2021,
+    "Numerical behavior of NVIDIA tensor cores", sec. 4), modelled as one rounding of the exact
+    sum c + A B; else two round-to-nearest additions (A B, then c)."""
     A = np.zeros((16, 16), np.float64)
     B = np.zeros((16, 8), np.float64)
     for lane in range(32):
@@ -84,13 +93,15 @@ def mma(c, a, b):
         for i, k in enumerate((2 * t, 2 * t + 8)):
             B[k, g], B[k + 1, g] = b[i][0][lane], b[i][1][lane]
     C = A @ B  # products exact, one rounding of the 16-term sum (to fp32 below)
-    out = np.empty((32, 4), F32)
-    for lane in range(32):
-        g, t = lane >> 2, lane & 3
-        d = (C[g, 2 * t], C[g, 2 * t + 1], C[g + 8, 2 * t], C[g + 8, 2 * t + 1])
-        for i in range(4):
-            out[lane, i] = F32(F32(d[i]) + c[lane, i])
-    return out
+    lane = np.arange(32)
+    g, t = lane >> 2, lane & 3
+    d = np.stack([C[g, 2 * t], C[g, 2 * t + 1], C[g + 8, 2 * t], C[g + 8, 2 * t + 1]], axis=1)
+    if not trunc:
+        return (d.astype(F32) + c).astype(F32)
+    x = d + c.astype(np.float64)
+    out = x.astype(F32)
+    over = np.abs(out.astype(np.float64)) > np.abs(x)
+    return np.where(over, np.nextafter(out, F32(0)), out).astype(F32)
 
 
 def words(buf, offs, nbytes):
@@ -122,10 +133,13 @@ def xor(v, m):
 
 
 def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_bits, r_bits,
-                 qk_scale, num_splits, num_qo_heads, lazy=True, round_w=True, w_split=True):
+                 qk_scale, num_splits, num_qo_heads, lazy=True, round_w=True, w_split=True,
+                 trunc=False, drain=True):
     """w_split: the anchor-only loop (r_bits 0) carries the bf16 remainder of its V weights (paired:
     in B columns 4-7; else as a second MMA into the same accumulator; the fix); False mirrors
-    the kernel before it (bf16 weights only). Returns mid_o [B, HQ, S, D], mid_ml [B, HQ, S, 2] (numpy fp32)."""
+    the kernel before it (bf16 weights only). trunc: the MMAs' accumulation rounds toward zero
+    (`mma`). drain: the V accumulators' magic share is taken out every DRAIN_TOKENS tokens
+    (``rescale_drain``); False mirrors the kernel before it. Returns mid_o [B, HQ, S, D], mid_ml [B, HQ, S, 2] (numpy fp32)."""
     ac, aso, rc, rso, cf = tensors  # numpy: codes [rows, 2, H, bytes], so [rows, 2, H, NG, 2], cf [rows, 2, H] fp32
     hd = head_dim
     D = 64 if hd == 64 else 128
@@ -236,7 +250,7 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
                         x = np.zeros((32, 4), F32)
                         for s in range(K_STEPS):
                             x = mma(x, (u[0][2 * s], u[1][2 * s], u[0][2 * s + 1], u[1][2 * s + 1]),
-                                    (qf[s][0], qf[s][1]))
+                                    (qf[s][0], qf[s][1]), trunc)
                         return x
 
                     xa = k_dots(ka, a_bits, qa)
@@ -272,17 +286,28 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
                         cvv.append(cvf[tk] if cf is not None else np.ones(32, F32))
                     mt = np.where(v_ok, mt, -np.inf)
                     thr = 8.0 if lazy else 0.0
-                    if np.any(mt > m_run + thr):
+                    # the rescale, forced every DRAIN_TOKENS tokens for the drain
+                    if np.any(mt > m_run + thr) or (drain and it % DRAIN_TILES == DRAIN_TILES - 1):
                         m_new = np.maximum(m_run, mt)
                         with np.errstate(invalid="ignore"):
                             f = np.where(m_new == -np.inf, F32(1), np.exp2(m_run - m_new)).astype(F32)
                         # accumulator columns 2t, 2t + 1: the factors of their heads (quads 2t, 2t + 1)
                         fc = np.stack([shfl(f, 4 * (2 * T + c)) for c in (0, 1, 0, 1)], axis=1)
-                        cv *= fc[None]
-                        cw *= fc[None]
+                        if drain:  # c = fma(c, f, -128 SW f) per column, SW over the quad
+                            for acc, sw in ((cv, sw_a), (cw, sw_r)):
+                                tot = sw + xor(sw, 1)
+                                tot = tot + xor(tot, 2)
+                                sc = np.stack([shfl(tot, 4 * (2 * T + c)) for c in (0, 1, 0, 1)], axis=1)
+                                d = (F32(-128) * sc * fc).astype(F32)
+                                acc[:] = (acc.astype(np.float64) * fc[None] + d[None]).astype(F32)
+                            sw_a = np.zeros(32, F32)
+                            sw_r = np.zeros(32, F32)
+                        else:
+                            cv *= fc[None]
+                            cw *= fc[None]
+                            sw_a *= f
+                            sw_r *= f
                         l_run *= f
-                        sw_a *= f
-                        sw_r *= f
                         m_off *= f
                         m_run = m_new.astype(F32)
                     wa, wr = [], []
@@ -352,16 +377,16 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
 
                     u01, u89 = v_regs(va, a_bits)
                     for m in range(NM):
-                        cv[m] = mma(cv[m], af(u01, u89, m), bf(wa, ~second if r_bits else True))
+                        cv[m] = mma(cv[m], af(u01, u89, m), bf(wa, ~second if r_bits else True), trunc)
                         if wlo is not None:
-                            cv[m] = mma(cv[m], af(u01, u89, m), bf(wlo))
+                            cv[m] = mma(cv[m], af(u01, u89, m), bf(wlo), trunc)
                     if r_bits:
                         u01, u89 = v_regs(vr_, r_bits)
                         for m in range(NM):
                             if paired:
-                                cv[m] = mma(cv[m], af(u01, u89, m), bf(wa, second))
+                                cv[m] = mma(cv[m], af(u01, u89, m), bf(wa, second), trunc)
                             else:
-                                cw[m] = mma(cw[m], af(u01, u89, m), bf(wr))
+                                cw[m] = mma(cw[m], af(u01, u89, m), bf(wr), trunc)
                 for m in (1, 2):
                     l_run = l_run + xor(l_run, m)
                     sw_a = sw_a + xor(sw_a, m)

@@ -180,6 +180,20 @@ def test_decode_tc_kernel(name, cfg, loops, hkv, group, dim, lens, rot, loop_ids
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", range(len(OCCUPANCY)), ids=lambda i: "ctas{}_subtiles{}".format(
+    OCCUPANCY[i].ctas_per_sm, OCCUPANCY[i].subtiles))
+@pytest.mark.parametrize("dim,hkv,group", [(128, 2, 1), (64, 3, 3), (96, 2, 1)],
+                         ids=["ouro_d128", "smollm_d64_gqa3", "huginn_d96"])
+def test_decode_tc_one_long_split(dim, hkv, group, shape, device, monkeypatch):
+    """16k tokens in one split per (request, KV head), as the plan runs 64 x 8k: before the V
+    magic drain (`rescale_drain`) the last loop's error was 2-10x bf16 SDPA's (truncating
+    tensor-core accumulation; test_decode_tc_numerics.py)."""
+    monkeypatch.setattr(decode_tc, "tc_occupancy", lambda units, num_sms: OCCUPANCY[shape])
+    _run(RQConfig(), 4, hkv, group, dim, [16384 + 5], "cfg", (0, 3), device, seed=25,
+         launch=DecodeLaunch(split_kernel="tc", num_splits=1))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dim,hkv,group", [(128, 3, 2), (64, 2, 3)], ids=["d128_gqa2", "d64_gqa3"])
 def test_decode_tc_rotates_a_signed_hadamard_query_itself(dim, hkv, group, device):
     """A signed Sylvester Hadamard rotation per KV head (`--rq-rotation signed-hadamard`): the
