@@ -24,8 +24,9 @@
 // = 128.0: a code c at bit position pos of a 16-bit half reads as M + c * 2^pos). M is never
 // subtracted per element: sum_e q_e (M + c_e 2^pos_e) = M sum_e q_e + sum_e q_e 2^pos_e c_e, so
 // the query is pre-divided by 2^pos_e and M * sum q (of the fp16 fragments as rounded) folded
-// into the per-group epilogue; on the V side 128 * sum W and the 2^pos factor are taken out once
-// at the end. fp16's 10 mantissa bits hold two 4-bit or five 2-bit codes of a half unshifted
+// into the per-group epilogue; on the V side 128 * sum W is drained from the accumulators in the
+// softmax rescale, forced every DRAIN_TOKENS tokens (rescale_drain), and at the end, where the
+// 2^pos factor is taken out. fp16's 10 mantissa bits hold two 4-bit or five 2-bit codes of a half unshifted
 // (bf16's 7: one or three), so the K side needs one shift per word; the V weights stay bf16
 // (p c s spans more than fp16's range).
 //
