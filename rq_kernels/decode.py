@@ -212,15 +212,17 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
                 cuda.set_carveout(rotate.function, carveout_percent(dev.index))
         occupancy, splits = tc_plan(B, HKV, kv_indices.numel(), _num_sms(dev.index or 0),
                                     splits=launch.num_splits)
-        # token-balanced splits where the kernel merges (B x splits rows shared by the batch)
-        balanced = q_split is q and not launch.num_splits and splits >= 2
+        # token-balanced splits where the kernel merges: B x max(splits, 2) rows shared by the
+        # batch (at least two per request on average, so a one-split plan can still balance)
+        balanced = q_split is q and not launch.num_splits
+        shared = B * max(splits, 2)
         counters = None
         if q_split is q:
-            counters = merge_counters(dev, B * HKV, B * splits if balanced else splits, gq)
+            counters = merge_counters(dev, B * HKV, shared if balanced else splits, gq)
             if counters is None and balanced:
                 balanced = False
                 counters = merge_counters(dev, B * HKV, splits, gq)
-        rows = B * splits if balanced else splits
+        rows = shared if balanced else splits
         mid_o, mid_ml = tc_split(q_split, kv_indptr, kv_indices, view, loop_id, HKV, qk_scale,
                                  rows, occupancy, balanced=balanced, pdl=pdl,
                                  merge=None if counters is None else (k_cur, v_cur, out, counters))

@@ -568,11 +568,13 @@ __device__ __forceinline__ int balanced_tokens(const Args& A, int lane, int step
   const int total = A.kv_indptr[B] - A.kv_indptr[0];
   const int64_t lo = (total + G - 1) / G, hi = (total + (G - B) - 1) / (G - B);
   const int c = max((int)((lo + (hi - lo) * lane / 31 + step - 1) / step), 1) * step;
-  int sum = 0, prev = A.kv_indptr[0];
-  for (int b = 0; b < B && sum <= G; ++b) {
-    const int next = A.kv_indptr[b + 1];
-    sum += used_splits(next - prev, c);
-    prev = next;
+  // the requests' lengths 32 at a time (one load each per lane), broadcast by shuffles
+  int sum = 0;
+  for (int b0 = 0; b0 < B; b0 += 32) {
+    const int r = b0 + lane;
+    const int len = r < B ? A.kv_indptr[r + 1] - A.kv_indptr[r] : 0;
+    const int n = min(32, B - b0);
+    for (int i = 0; i < n; ++i) sum += used_splits(__shfl_sync(0xffffffffu, len, i), c);
   }
   const unsigned fit = __ballot_sync(0xffffffffu, sum <= G);
   return __shfl_sync(0xffffffffu, c, fit ? __ffs(fit) - 1 : 31);
