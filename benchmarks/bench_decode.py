@@ -5,7 +5,9 @@
 `rq_kernels.decode_attention` with each split kernel that can serve the shape
 (`DecodeLaunch(split_kernel=...)`: ``tc`` (CUDA, head_dim 64/96/128), ``fma`` for MHA, ``mma`` for
 every shape) against PyTorch
-SDPA (FlashAttention) over contiguous BF16 K/V of ``ctx + 1`` tokens. Timing: CUDA-graph replay
+SDPA (FlashAttention) over contiguous BF16 K/V of ``ctx + 1`` tokens. Mixed-length batches
+(`MIXED`) are timed against a uniform batch of as many requests and tokens (``balance`` = uniform
+time / mixed time: 1.0 where a long request does not stretch the call). Timing: CUDA-graph replay
 under `triton.testing.do_bench` (L2 flushed before each rep, median). RQ time per layer-loop =
 (3 x residual loop + 1 x anchor loop) / 4 for 4 loops; TB/s counts compressed bytes
 (`sglang_rq.layout.decode_read_bytes_per_token` of one layer / loops x history tokens). Each
@@ -42,19 +44,29 @@ from sglang_rq.reference import decode_attention_reference, dequantize_rows_refe
 
 T0 = time.time()
 POINTS = [(1, 8192), (4, 8192), (2, 16384), (16, 16384), (4, 32768), (64, 8192)]
+# mixed-length batches (name: history lengths), timed against a uniform batch of the same size
+# and tokens: how much a long request's splits stretch the call
+MIXED = {"16 x 1k..16k": [1024 * (i + 1) for i in range(16)],
+         "1 x 16k + 31 x 1k": [16384] + [1024] * 31}
 
 
 def inputs(view, hq, hkv, dim, b, ctx, seed=0):
-    """Queries, the in-flight token and a plan: request b's history on consecutive rows."""
+    """Queries, the in-flight token and a plan of ``b`` requests of ``ctx`` history tokens."""
+    return batch_inputs(view, hq, hkv, dim, [ctx] * b, seed)
+
+
+def batch_inputs(view, hq, hkv, dim, lens, seed=0):
+    """Queries, the in-flight token and a plan: request i's ``lens[i]`` history tokens on
+    consecutive pool rows (wrapping past the pool's end, row 0 skipped)."""
     rows = view.codes[0].shape[0]
-    starts = torch.arange(b, device=DEV) * ctx + 1
-    idx = (starts[:, None] + torch.arange(ctx, device=DEV)[None, :]).reshape(-1) % (rows - 1) + 1
-    ind = torch.arange(b + 1, device=DEV, dtype=torch.int32) * ctx
+    b = len(lens)
+    ind = torch.tensor([0, *lens], device=DEV).cumsum(0).to(torch.int32)
+    idx = torch.arange(int(ind[-1]), device=DEV) % (rows - 1) + 1
     gen = torch.Generator(device=DEV).manual_seed(seed)
     q = torch.randn(b, hq, dim, device=DEV, generator=gen).to(torch.bfloat16)
     kc = torch.randn(b, hkv, dim, device=DEV, generator=gen).to(torch.bfloat16)
     vc = torch.randn(b, hkv, dim, device=DEV, generator=gen).to(torch.bfloat16)
-    return q, kc, vc, ind, idx.contiguous()
+    return q, kc, vc, ind, idx
 
 
 def bytes_per_token_loop(cfg, hkv, dim, loops) -> float:
@@ -110,13 +122,16 @@ def main() -> None:
     a = bench_args(extra)
     cfg, loops = RQConfig(), 4
     fams = {k: (*v, POINTS) for k, v in FAMILIES.items()}
+    mixed = MIXED
     if a.dry_run:
         fams = {"tiny": (2, 2, 64, [(2, 40)]), "tiny-gqa": (4, 2, 64, [(1, 33)])}
+        mixed = {"40 + 3 + 17": [40, 3, 17]}
     res = dict(gpu=torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu",
                triton=triton.__version__, date=time.strftime("%Y-%m-%d"),
                copy_tbs=copy_bandwidth(), checks={}, points=[], skipped=[])
     for fam, (hq, hkv, dim, points) in fams.items():
-        view = pool(cfg, hkv, dim, max(b * c for b, c in points) + 2, loops)
+        view = pool(cfg, hkv, dim, max([b * c for b, c in points] +
+                                       [sum(lens) for lens in mixed.values()]) + 2, loops)
         kernels = (["tc"] if DEV == "cuda" and tc_unsupported_reason(
             view, 0, hq // hkv, torch.device(DEV)) is None else []) + (
             ["fma"] if fma_unsupported_reason(view, hq // hkv) is None else []) + ["mma"]
@@ -141,6 +156,25 @@ def main() -> None:
             print(f"{fam:12s} ctx={ctx:6d} b={b:3d} sdpa {row['sdpa_ms'] * 1e3:7.1f}us | " +
                   " | ".join(f"{k} {row[k]['avg_ms'] * 1e3:7.1f}us {row[k]['tbs']:.2f}TB/s "
                              f"x{row[k]['vs_sdpa']:.2f}" for k, _ in arms), flush=True)
+            write_json(res, a.out, "bench_decode.json")
+        for name, lens in mixed.items():
+            if time.time() - T0 > a.deadline:
+                res["skipped"].append(f"{fam} {name}")
+                continue
+            b, total = len(lens), sum(lens)
+            row = dict(family=fam, mixed=name, batch=b, tokens=total)
+            for label, ls in (("mixed", lens), ("uniform", [total // b] * b)):
+                q, kc, vc, ind, idx = batch_inputs(view, hq, hkv, dim, ls)
+                for k in kernels:
+                    _, avg = time_loops(DecodeLaunch(split_kernel=k), view, q, kc, vc, ind, idx,
+                                        dim, loops)
+                    row.setdefault(k, {})[label + "_ms"] = avg
+            for k in kernels:
+                row[k]["balance"] = row[k]["uniform_ms"] / row[k]["mixed_ms"]
+            res["points"].append(row)
+            print(f"{fam:12s} {name} (uniform: b={b} x {total // b}) | " + " | ".join(
+                f"{k} {row[k]['mixed_ms'] * 1e3:7.1f}us vs {row[k]['uniform_ms'] * 1e3:7.1f}us "
+                f"x{row[k]['balance']:.2f}" for k in kernels), flush=True)
             write_json(res, a.out, "bench_decode.json")
         del view
         if DEV == "cuda":
