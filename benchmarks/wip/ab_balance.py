@@ -58,7 +58,7 @@ def main():
         if fam not in views:
             views.clear()
             torch.cuda.empty_cache()
-            need = max(sum(l) for f, l in POINTS.values() if f == fam) + 2
+            need = max(sum(ls) for f, ls in POINTS.values() if f == fam) + 2
             views[fam] = pool(cfg, hkv, dim, need, loops)
         view = views[fam]
         q, kc, vc, ind, idx = inputs(view, hq, hkv, dim, lens)
