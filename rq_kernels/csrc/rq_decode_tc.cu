@@ -28,9 +28,9 @@
 // the query is pre-divided by 2^pos_e and M * sum q (of the fp16 fragments as rounded) folded
 // into the per-group epilogue; on the V side 128 * sum W is drained from the accumulators in the
 // softmax rescale, forced every DRAIN_TOKENS tokens (rescale_drain), and at the end, where the
-// 2^pos factor is taken out. fp16's 10 mantissa bits hold two 4-bit or five 2-bit codes of a half unshifted
-// (bf16's 7: one or three), so the K side needs one shift per word; the V weights stay bf16
-// (p c s spans more than fp16's range).
+// 2^pos factor is taken out. fp16's 10 mantissa bits hold two 4-bit or five 2-bit codes of a
+// half unshifted (bf16's 7: one or three), so the K side needs one shift per word; the V weights
+// stay bf16 (p c s spans more than fp16's range).
 //
 // Logit of (head h, token):  sum_g  c s_a (X_a - F_a) + s_r (X_r - F_r) + (c m_a + m_r) S_q
 // Output (rotated basis):    sum_g  (C_a - 128 SW_a) + (C_r - 128 SW_r) / 2^pos + sum p (c m_a + m_r)
@@ -535,7 +535,7 @@ __device__ __forceinline__ void v_mmas(float (&c)[NM][4], const uint32_t* u01,
 // their magic share 128 sum W first (sw: this thread's part of column g's weight sum since the
 // last drain; zeroed): c = (c - 128 SW) f, one FFMA per element. Left in, the magic share grows
 // with the split: the tensor cores' fp32 accumulation rounds each m16n8k16's sum with a bias
-// (truncation; Fasi et al. 2021, "Numerical behavior of NVIDIA tensor cores", sec. 4) relative to
+// (truncation; Fasi et al. 2021, "Numerical behavior of NVIDIA tensor cores") relative to
 // the running sum, which is mostly magic (128 against a code's c 2^pos, 0-15 at pos 0). Over a
 // 16k-token split, or 64 x 8k in one split each, that bias was 2-10x bf16 SDPA's error
 // (benchmarks/results/h200_2026-12-03c_drain_ab.json); drained every DRAIN_ITERS iterations it

@@ -82,7 +82,7 @@ def unpack_word(x, bits, f16=False):
 def mma(c, a, b, trunc=False):
     """c [32, 4] fp32; a: 4 x (lo, hi) arrays [32]; b: 2 x (lo, hi). Returns new c. trunc: the
     accumulation rounds toward zero (the tensor cores' fp32 accumulation, Fasi et al. 2021,
-    "Numerical behavior of NVIDIA tensor cores", sec. 4), modelled as one rounding of the exact
+    "Numerical behavior of NVIDIA tensor cores"), modelled as one rounding of the exact
     sum c + A B; else two round-to-nearest additions (A B, then c)."""
     A = np.zeros((16, 16), np.float64)
     B = np.zeros((16, 8), np.float64)
