@@ -6,7 +6,7 @@
 (`DecodeLaunch(split_kernel=...)`: ``tc`` (CUDA, head_dim 64/96/128), ``fma`` for MHA, ``mma`` for
 every shape) against PyTorch
 SDPA (FlashAttention) over contiguous BF16 K/V of ``ctx + 1`` tokens. Mixed-length batches
-(`MIXED`) are timed against a uniform batch of as many requests and tokens (``balance`` = uniform
+(`MIXED`, the JSON's ``mixed`` rows) are timed against a uniform batch of as many requests and tokens (``balance`` = uniform
 time / mixed time: 1.0 where a long request does not stretch the call). Timing: CUDA-graph replay
 under `triton.testing.do_bench` (L2 flushed before each rep, median). RQ time per layer-loop =
 (3 x residual loop + 1 x anchor loop) / 4 for 4 loops; TB/s counts compressed bytes
@@ -128,7 +128,7 @@ def main() -> None:
         mixed = {"40 + 3 + 17": [40, 3, 17]}
     res = dict(gpu=torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu",
                triton=triton.__version__, date=time.strftime("%Y-%m-%d"),
-               copy_tbs=copy_bandwidth(), checks={}, points=[], skipped=[])
+               copy_tbs=copy_bandwidth(), checks={}, points=[], mixed=[], skipped=[])
     for fam, (hq, hkv, dim, points) in fams.items():
         view = pool(cfg, hkv, dim, max([b * c for b, c in points] +
                                        [sum(lens) for lens in mixed.values()]) + 2, loops)
@@ -171,7 +171,7 @@ def main() -> None:
                     row.setdefault(k, {})[label + "_ms"] = avg
             for k in kernels:
                 row[k]["balance"] = row[k]["uniform_ms"] / row[k]["mixed_ms"]
-            res["points"].append(row)
+            res["mixed"].append(row)
             print(f"{fam:12s} {name} (uniform: b={b} x {total // b}) | " + " | ".join(
                 f"{k} {row[k]['mixed_ms'] * 1e3:7.1f}us vs {row[k]['uniform_ms'] * 1e3:7.1f}us "
                 f"x{row[k]['balance']:.2f}" for k in kernels), flush=True)

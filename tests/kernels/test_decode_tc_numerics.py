@@ -94,6 +94,8 @@ def test_truncating_accumulation_needs_the_magic_drain():
     truncating accumulation: without the drain the Frobenius error leaves the policy (about 6x
     bf16 SDPA's), with it the error is within (about 0.6x); round-to-nearest passes either way."""
     args = (NOROT, 4, 1, 1, 128, [16384], 3, 23, 1)
+    e = _errors(*args, w_split=True, drain=False)
+    assert within_policy(e), e
     e = _errors(*args, w_split=True, trunc=True, drain=False)
     assert not within_policy(e), e
     e = _errors(*args, w_split=True, trunc=True)
