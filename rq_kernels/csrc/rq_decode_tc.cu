@@ -3,7 +3,7 @@
 // One warp handles one (KV head, request, split); the four warps of a CTA are adjacent
 // (split, KV head) units, KV head fastest (they share small reads in L1). Splits are equal
 // parts of each request's history, or (balanced, with the fused merge) one length for the
-// whole batch found on the device (balanced_tokens), so long requests get more of them. Each
+// whole batch found on the device (balanced_split), so long requests get more of them. Each
 // 16-token tile of the history runs two MMA phases (mma.sync m16n8k16, bf16 in, fp32 out):
 //
 //   K:  C_k[tok, col] = sum_k code[tok, k] * Qmask[k, col]      tokens on M (rows g, 8 + g),
@@ -312,12 +312,12 @@ struct Args {
   float qk_scale;
   float q_alpha;
   // equal splits: num_splits per request, MidO [B, HQ, S, D]; balanced (fused only): num_splits
-  // = G split rows shared by the batch, MidO [HQ, G, D] (request b's rows from its prefix)
+  // = G split rows shared by the batch, MidO [HQ, G, D] (request b's rows from its first)
   int num_splits;
   int num_qo_heads;
   int q_mode;
   int batch;
-  int balanced;
+  int fill_rows;  // balanced splits where > 0: the plan's B x S rows (balanced_split)
   // fused merge (q_mode 1 or 2): the last warps of each (request, KV head) to finish reduce the
   // splits, add the in-flight token (k_cur, v_cur [B, Hkv, HEAD_DIM] bf16 at element strides)
   // and write out [B, HQ, HEAD_DIM] bf16; counters: the finished splits of each chunk and the
@@ -554,41 +554,43 @@ __device__ __forceinline__ void rescale_drain(float (&c)[NM][4], float& sw, int 
   sw = 0.f;
 }
 
-// Balanced splits (A.balanced): one split length for the whole batch, so every split reads
+// Balanced splits (A.fill_rows > 0): one split length for the whole batch, so every split reads
 // about as many tokens whatever the request's length (token-balanced work, as FlashDecoding++
 // and FlashInfer's planner do; kv_indptr is read here, so one captured launch serves any
-// lengths). The length is the smallest of 32 candidates between cdiv(total, G) (no shorter can
-// fit) and cdiv(total, G - B) (any lengths fit: sum_b cdiv(L_b, c) <= total / c + B) whose
-// splits sum_b max(1, cdiv(L_b, c)) fit the G rows; lane j tests candidate j. Uniform lengths
-// get cdiv(L, G / B), the equal split. Needs G > B.
+// lengths). The length c is the smallest of 32 candidates (lane j tests candidate j) whose
+// splits sum_b max(1, cdiv(L_b, c)) fit the G = A.num_splits rows, between cdiv(total,
+// fill_rows) (the plan's B x S rows: uniform lengths get the plan's equal split, so a one-split
+// plan keeps one split per request) and cdiv(total, G - B) (any lengths fit there: sum_b
+// cdiv(L_b, c) <= total / c + B <= G). Needs fill_rows >= G - B > 0. Returns the request
+// holding split row s (-1 past the batch's last split) with its first row and split count: a
+// warp scan of the requests' split counts, 32 requests per round (the first round's lengths
+// are kept from the fit test).
 __device__ __forceinline__ int used_splits(int len, int c) { return max((len + c - 1) / c, 1); }
 
-__device__ __forceinline__ int balanced_tokens(const Args& A, int lane, int step) {
-  const int B = A.batch, G = A.num_splits;
-  const int total = A.kv_indptr[B] - A.kv_indptr[0];
-  const int64_t lo = (total + G - 1) / G, hi = (total + (G - B) - 1) / (G - B);
-  const int c = max((int)((lo + (hi - lo) * lane / 31 + step - 1) / step), 1) * step;
-  // the requests' lengths 32 at a time (one load each per lane), broadcast by shuffles
-  int sum = 0;
-  for (int b0 = 0; b0 < B; b0 += 32) {
-    const int r = b0 + lane;
-    const int len = r < B ? A.kv_indptr[r + 1] - A.kv_indptr[r] : 0;
-    const int n = min(32, B - b0);
-    for (int i = 0; i < n; ++i) sum += used_splits(__shfl_sync(0xffffffffu, len, i), c);
-  }
-  const unsigned fit = __ballot_sync(0xffffffffu, sum <= G);
-  return __shfl_sync(0xffffffffu, c, fit ? __ffs(fit) - 1 : 31);
+__device__ __forceinline__ int request_length(const Args& A, int r) {
+  return r < A.batch ? A.kv_indptr[r + 1] - A.kv_indptr[r] : 0;
 }
 
-// The request holding split row s of a balanced launch (split length c): b, its first row
-// (prefix) and split count; b = -1 past the batch's last split. One pass over the requests,
-// 32 at a time (a warp scan of their split counts).
-__device__ __forceinline__ int find_request(const Args& A, int s, int c, int lane, int& first,
-                                            int& used) {
+__device__ __forceinline__ int balanced_split(const Args& A, int s, int lane, int step, int& c,
+                                              int& first, int& used) {
+  const int B = A.batch, G = A.num_splits;
+  const int len0 = request_length(A, lane);
+  const int total = A.kv_indptr[B] - A.kv_indptr[0];
+  const int lo = (total + A.fill_rows - 1) / A.fill_rows;
+  const int hi = (total + (G - B) - 1) / (G - B);
+  const int cand = max((lo + (int)((int64_t)(hi - lo) * lane / 31) + step - 1) / step, 1) * step;
+  int sum = 0;
+  for (int b0 = 0; b0 < B; b0 += 32) {
+    const int len = b0 == 0 ? len0 : request_length(A, b0 + lane);
+    const int n = min(32, B - b0);
+    for (int i = 0; i < n; ++i) sum += used_splits(__shfl_sync(0xffffffffu, len, i), cand);
+  }
+  const unsigned fit = __ballot_sync(0xffffffffu, sum <= G);
+  c = __shfl_sync(0xffffffffu, cand, fit ? __ffs(fit) - 1 : 31);
   int carry = 0;
-  for (int b0 = 0; b0 < A.batch; b0 += 32) {
+  for (int b0 = 0; b0 < B; b0 += 32) {
     const int r = b0 + lane;
-    const int u = r < A.batch ? used_splits(A.kv_indptr[r + 1] - A.kv_indptr[r], c) : 0;
+    const int u = r < B ? used_splits(b0 == 0 ? len0 : request_length(A, r), c) : 0;
     int incl = u;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -782,7 +784,7 @@ rq_decode_tc_split(const Args A) {
   const int num_kv_heads = A.num_qo_heads / GQ;
   const int unit = blockIdx.x * WARPS + warp;
   griddep_launch_dependents();
-  if (unit >= (A.balanced ? A.num_splits : A.num_splits * A.batch) * num_kv_heads) {
+  if (unit >= (A.fill_rows ? A.num_splits : A.num_splits * A.batch) * num_kv_heads) {
     griddep_wait();  // every thread waits, so this grid never completes before its primary
     return;
   }
@@ -792,9 +794,8 @@ rq_decode_tc_split(const Args A) {
   // base of its KV head's first query head, that head's rows rb + split, the next head's S
   // further)
   int b, split, per_split, used, first = 0;
-  if (A.balanced) {
-    per_split = balanced_tokens(A, lane, STEP);
-    b = find_request(A, rest, per_split, lane, first, used);
+  if (A.fill_rows) {
+    b = balanced_split(A, rest, lane, STEP, per_split, first, used);
     if (b < 0) {  // past the last request's splits
       griddep_wait();
       return;
@@ -1163,7 +1164,7 @@ rq_decode_tc_split(const Args A) {
     swc_r[c] = __shfl_sync(0xffffffffu, sw_r, 4 * (2 * t + c));
 #endif
   }
-  const int64_t rb = A.balanced ? (int64_t)hk * GQ * A.num_splits + first
+  const int64_t rb = A.fill_rows ? (int64_t)hk * GQ * A.num_splits + first
                                 : ((int64_t)b * A.num_qo_heads + hk * GQ) * A.num_splits;
   // ---- per head: element NT g + l (group ge) is column (head, ge)'s anchor term plus its second
   // term (PAIRED: column 4 + that; else the residual accumulator's same column), summed over the
