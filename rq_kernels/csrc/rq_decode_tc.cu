@@ -1164,9 +1164,6 @@ rq_decode_tc_split(const Args A) {
     swc_r[c] = __shfl_sync(0xffffffffu, sw_r, 4 * (2 * t + c));
 #endif
   }
-  // balanced: the request's first row and split count found again (a few L1 hits and
-  // shuffles) rather than held in registers through the tile loop
-  if (A.fill_rows) b = balanced_split(A, rest, lane, STEP, per_split, first, used);
   const int64_t rb = A.fill_rows ? (int64_t)hk * GQ * A.num_splits + first
                                 : ((int64_t)b * A.num_qo_heads + hk * GQ) * A.num_splits;
   // ---- per head: element NT g + l (group ge) is column (head, ge)'s anchor term plus its second
