@@ -579,14 +579,17 @@ __device__ __forceinline__ int balanced_split(const Args& A, int s, int lane, in
   const int lo = (total + A.fill_rows - 1) / A.fill_rows;
   const int hi = (total + (G - B) - 1) / (G - B);
   const int cand = max((lo + (int)((int64_t)(hi - lo) * lane / 31) + step - 1) / step, 1) * step;
-  int sum = 0;
-  for (int b0 = 0; b0 < B; b0 += 32) {
-    const int len = b0 == 0 ? len0 : request_length(A, b0 + lane);
-    const int n = min(32, B - b0);
-    for (int i = 0; i < n; ++i) sum += used_splits(__shfl_sync(0xffffffffu, len, i), cand);
+  c = cand;
+  if (lo < hi) {  // else (a one-split plan) every candidate is the same and fits
+    int sum = 0;
+    for (int b0 = 0; b0 < B; b0 += 32) {
+      const int len = b0 == 0 ? len0 : request_length(A, b0 + lane);
+      const int n = min(32, B - b0);
+      for (int i = 0; i < n; ++i) sum += used_splits(__shfl_sync(0xffffffffu, len, i), cand);
+    }
+    const unsigned fit = __ballot_sync(0xffffffffu, sum <= G);
+    c = __shfl_sync(0xffffffffu, cand, fit ? __ffs(fit) - 1 : 31);
   }
-  const unsigned fit = __ballot_sync(0xffffffffu, sum <= G);
-  c = __shfl_sync(0xffffffffu, cand, fit ? __ffs(fit) - 1 : 31);
   int carry = 0;
   for (int b0 = 0; b0 < B; b0 += 32) {
     const int r = b0 + lane;
