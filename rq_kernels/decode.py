@@ -33,7 +33,7 @@ from rq_kernels._host import (
     require_kernel, rotation_args, strides3, unsupported_reason,
 )
 from rq_kernels.decode_tc import (
-    carveout_percent, merge_counters, query_rotation, tc_plan, tc_split,
+    balanced_rows, carveout_percent, merge_counters, query_rotation, tc_plan, tc_split,
     tc_unsupported_reason,
 )
 from rq_kernels.triton.decode_fma import rq_decode_fma_split_kernel
@@ -54,8 +54,9 @@ class DecodeLaunch:
     """Launch overrides of `decode_attention` (None: the H200-sweep default).
 
     ``split_kernel``: ``"tc"``, ``"fma"`` or ``"mma"`` (default: see the module docstring);
-    ``num_splits``: splits per request's history (default: tc `decode_tc.tc_plan`, whole waves
-    of equal splits; the Triton kernels `choose_num_splits`, one wave);
+    ``num_splits``: equal splits per request's history (default: tc `decode_tc.tc_plan`'s
+    count of whole waves, made token-balanced splits shared by the batch where the kernel
+    merges and B > 1, `decode_tc.tc_split`; the Triton kernels `choose_num_splits`, one wave);
     ``block_n``: history tokens per tile (fma: 64 on loops with a residual, else 32 or 64 by
     group count; mma: 32, and at least 32 on CUDA; tc: fixed 16, refused if set);
     ``pdl``: launch the query rotation, the tc split kernel and the merge as programmatic
@@ -211,9 +212,17 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
                 cuda.set_carveout(rotate.function, carveout_percent(dev.index))
         occupancy, splits = tc_plan(B, HKV, kv_indices.numel(), _num_sms(dev.index or 0),
                                     splits=launch.num_splits)
-        counters = None if q_split is not q else merge_counters(dev, B * HKV, splits, gq)
+        # token-balanced splits where the kernel merges (one request: its equal splits are)
+        balanced = q_split is q and not launch.num_splits and B > 1
+        counters = None
+        if q_split is q:
+            counters = merge_counters(dev, B * HKV,
+                                      balanced_rows(B, splits) if balanced else splits, gq)
+            if counters is None and balanced:
+                balanced = False
+                counters = merge_counters(dev, B * HKV, splits, gq)
         mid_o, mid_ml = tc_split(q_split, kv_indptr, kv_indices, view, loop_id, HKV, qk_scale,
-                                 splits, occupancy, pdl=pdl,
+                                 splits, occupancy, balanced=balanced, pdl=pdl,
                                  merge=None if counters is None else (k_cur, v_cur, out, counters))
         if counters is not None:  # the split kernel merged its splits itself
             return out

@@ -1,7 +1,9 @@
 // Decode attention over the ResidualQuant cache on tensor cores: the split kernel.
 //
 // One warp handles one (KV head, request, split); the four warps of a CTA are adjacent
-// (split, KV head) units of one request, KV head fastest (they share small reads in L1). Each
+// (split, KV head) units, KV head fastest (they share small reads in L1). Splits are equal
+// parts of each request's history, or (balanced, with the fused merge) one length for the
+// whole batch found on the device (balanced_split), so long requests get more of them. Each
 // 16-token tile of the history runs two MMA phases (mma.sync m16n8k16, bf16 in, fp32 out):
 //
 //   K:  C_k[tok, col] = sum_k code[tok, k] * Qmask[k, col]      tokens on M (rows g, 8 + g),
@@ -309,9 +311,13 @@ struct Args {
   float* mid_ml;
   float qk_scale;
   float q_alpha;
+  // equal splits: num_splits per request, MidO [B, HQ, S, D]; balanced (fused only): num_splits
+  // = G split rows shared by the batch, MidO [HQ, G, D] (request b's rows from its first)
   int num_splits;
   int num_qo_heads;
   int q_mode;
+  int batch;
+  int fill_rows;  // balanced splits where > 0: the plan's B x S rows (balanced_split)
   // fused merge (q_mode 1 or 2): the last warps of each (request, KV head) to finish reduce the
   // splits, add the in-flight token (k_cur, v_cur [B, Hkv, HEAD_DIM] bf16 at element strides)
   // and write out [B, HQ, HEAD_DIM] bf16; counters: the finished splits of each chunk and the
@@ -548,6 +554,65 @@ __device__ __forceinline__ void rescale_drain(float (&c)[NM][4], float& sw, int 
   sw = 0.f;
 }
 
+// Balanced splits (A.fill_rows > 0): one split length for the whole batch, so every split reads
+// about as many tokens whatever the request's length (token-balanced work, as FlashDecoding++
+// and FlashInfer's planner do; kv_indptr is read here, so one captured launch serves any
+// lengths). The length c is the smallest of 32 candidates (lane j tests candidate j) whose
+// splits sum_b max(1, cdiv(L_b, c)) fit the G = A.num_splits rows, between cdiv(total,
+// fill_rows) (the plan's B x S rows: uniform lengths get the plan's equal split, so a one-split
+// plan keeps one split per request) and cdiv(total, G - B) (any lengths fit there: sum_b
+// cdiv(L_b, c) <= total / c + B <= G). Needs fill_rows >= G - B > 0. Returns the request
+// holding split row s (-1 past the batch's last split) with its first row and split count: a
+// warp scan of the requests' split counts, 32 requests per round (the first round's lengths
+// are kept from the fit test).
+__device__ __forceinline__ int used_splits(int len, int c) { return max((len + c - 1) / c, 1); }
+
+__device__ __forceinline__ int request_length(const Args& A, int r) {
+  return r < A.batch ? A.kv_indptr[r + 1] - A.kv_indptr[r] : 0;
+}
+
+__device__ __forceinline__ int balanced_split(const Args& A, int s, int lane, int step, int& c,
+                                              int& first, int& used) {
+  const int B = A.batch, G = A.num_splits;
+  const int len0 = request_length(A, lane);
+  const int total = A.kv_indptr[B] - A.kv_indptr[0];
+  const int lo = (total + A.fill_rows - 1) / A.fill_rows;
+  const int hi = (total + (G - B) - 1) / (G - B);
+  const int cand = max((lo + (int)((int64_t)(hi - lo) * lane / 31) + step - 1) / step, 1) * step;
+  c = cand;
+  if (lo < hi) {  // else (a one-split plan) every candidate is the same and fits
+    int sum = 0;
+    for (int b0 = 0; b0 < B; b0 += 32) {
+      const int len = b0 == 0 ? len0 : request_length(A, b0 + lane);
+      const int n = min(32, B - b0);
+      for (int i = 0; i < n; ++i) sum += used_splits(__shfl_sync(0xffffffffu, len, i), cand);
+    }
+    const unsigned fit = __ballot_sync(0xffffffffu, sum <= G);
+    c = __shfl_sync(0xffffffffu, cand, fit ? __ffs(fit) - 1 : 31);
+  }
+  int carry = 0;
+  for (int b0 = 0; b0 < B; b0 += 32) {
+    const int r = b0 + lane;
+    const int u = r < B ? used_splits(b0 == 0 ? len0 : request_length(A, r), c) : 0;
+    int incl = u;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int x = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += x;
+    }
+    const int start = carry + incl - u;
+    const unsigned hit = __ballot_sync(0xffffffffu, u > 0 && s >= start && s < start + u);
+    if (hit) {
+      const int src = __ffs(hit) - 1;
+      first = __shfl_sync(0xffffffffu, start, src);
+      used = __shfl_sync(0xffffffffu, u, src);
+      return b0 + src;
+    }
+    carry += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  return -1;
+}
+
 // ---- the fused merge (q_mode 1 or 2): the splits of each (request, KV head) pair form chunks of
 // A.merge_chunk (the host's choice: decode_tc.merge_chunk); the last warp of a chunk to finish
 // reduces the chunk's rows and writes the partial over the chunk's first row; the last chunk to
@@ -641,8 +706,8 @@ __device__ __forceinline__ void reduce_rows(const Args& A, int64_t rb, int first
 // chunk, then across chunks as above), the un-rotation (q_mode 2: R^T = alpha H diag(s), the
 // query's FWHT then signs and alpha), the in-flight token q.k_cur * qk_scale with v_cur, the bf16
 // output. The in-flight token is loaded first.
-__device__ __forceinline__ void merge_pair(const Args& A, int b, int hk, int c, int chunks,
-                                           int* pair_counter, int lane) {
+__device__ __forceinline__ void merge_pair(const Args& A, int b, int hk, int64_t rb, int c,
+                                           int chunks, int used, int* pair_counter, int lane) {
   constexpr int E = ME;
   const int S = A.num_splits;
   float kc[E], vc[E], qv[GQ][E];
@@ -666,10 +731,10 @@ __device__ __forceinline__ void merge_pair(const Args& A, int b, int hk, int c, 
       }
     }
   }
-  const int64_t rb = ((int64_t)b * A.num_qo_heads + hk * GQ) * S;  // head hq's rows: rb + hq S
+  // head hq's rows: rb + hq S + split
   float m[GQ], l[GQ], acc[GQ][E];
   const int C = A.merge_chunk;
-  reduce_rows(A, rb, c * C, 1, min(C, S - c * C), lane, m, l, acc);
+  reduce_rows(A, rb, c * C, 1, min(C, used - c * C), lane, m, l, acc);
   if (chunks > 1) {  // the chunk's partial over its first row; the last chunk reduces them all
 #pragma unroll
     for (int hq = 0; hq < GQ; ++hq) {
@@ -722,15 +787,32 @@ rq_decode_tc_split(const Args A) {
   const int num_kv_heads = A.num_qo_heads / GQ;
   const int unit = blockIdx.x * WARPS + warp;
   griddep_launch_dependents();
-  if (unit >= A.num_splits * num_kv_heads) {
+  if (unit >= (A.fill_rows ? A.num_splits : A.num_splits * A.batch) * num_kv_heads) {
     griddep_wait();  // every thread waits, so this grid never completes before its primary
     return;
   }
-  const int hk = unit % num_kv_heads, split = unit / num_kv_heads, b = blockIdx.y;
+  const int hk = unit % num_kv_heads, rest = unit / num_kv_heads;
+  constexpr int STEP = SUBT * TILE;  // tokens per iteration
+  // request b, its split, the split length and its splits; its first MidO row (row_b: the row
+  // base of its KV head's first query head, that head's rows rb + split, the next head's S
+  // further)
+  int b, split, per_split, used, first = 0;
+  if (A.fill_rows) {
+    b = balanced_split(A, rest, lane, STEP, per_split, first, used);
+    if (b < 0) {  // past the last request's splits
+      griddep_wait();
+      return;
+    }
+    split = rest - first;
+  } else {  // equal splits of each request's own length, request-major
+    b = rest / A.num_splits;
+    split = rest % A.num_splits;
+    const int len = A.kv_indptr[b + 1] - A.kv_indptr[b];
+    per_split = ((len + A.num_splits - 1) / A.num_splits + STEP - 1) / STEP * STEP;
+    used = A.num_splits;
+  }
   const int64_t base = A.kv_indptr[b];
   const int seq = A.kv_indptr[b + 1] - (int)base;
-  constexpr int STEP = SUBT * TILE;  // tokens per iteration
-  const int per_split = ((seq + A.num_splits - 1) / A.num_splits + STEP - 1) / STEP * STEP;
   const int lo = split * per_split;
   const int hi = min(lo + per_split, seq);
 
@@ -1085,6 +1167,8 @@ rq_decode_tc_split(const Args A) {
     swc_r[c] = __shfl_sync(0xffffffffu, sw_r, 4 * (2 * t + c));
 #endif
   }
+  const int64_t rb = A.fill_rows ? (int64_t)hk * GQ * A.num_splits + first
+                                : ((int64_t)b * A.num_qo_heads + hk * GQ) * A.num_splits;
   // ---- per head: element NT g + l (group ge) is column (head, ge)'s anchor term plus its second
   // term (PAIRED: column 4 + that; else the residual accumulator's same column), summed over the
   // quad; thread t writes the elements l = t mod 4
@@ -1094,7 +1178,7 @@ rq_decode_tc_split(const Args A) {
     const int col = hq * NG + ge;
     float moff = __shfl_sync(0xffffffffu, m_off, 4 * col);
     if (PAIRED) moff += __shfl_sync(0xffffffffu, m_off, 4 * (col + 4));
-    const int64_t row = ((int64_t)b * A.num_qo_heads + hk * GQ + hq) * A.num_splits + split;
+    const int64_t row = rb + (int64_t)hq * A.num_splits + split;
     float* o = A.mid_o + row * D + NT * g;
 #pragma unroll
     for (int l = 0; l < NT; ++l) {
@@ -1119,14 +1203,15 @@ rq_decode_tc_split(const Args A) {
     }
   }
   if (v_ok && !second && vgrp == 0 && t == 0) {
-    const int64_t row = ((int64_t)b * A.num_qo_heads + hk * GQ + vh) * A.num_splits + split;
+    const int64_t row = rb + (int64_t)vh * A.num_splits + split;
     A.mid_ml[row * 2] = lo < hi ? m_run : -1.0e30f;
     A.mid_ml[row * 2 + 1] = l_run;
   }
   if (A.fused) {  // count this split in its chunk; the chunk's last warp merges
-    const int S = A.num_splits, C = A.merge_chunk, c = split / C, chunks = (S + C - 1) / C;
-    int* pc = A.counters + ((int64_t)b * num_kv_heads + hk) * (chunks + 1);
-    if (arrive_last(pc + c, min(C, S - c * C), lane))
-      merge_pair(A, b, hk, c, chunks, pc + chunks, lane);
+    const int C = A.merge_chunk, c = split / C, chunks = (used + C - 1) / C;
+    const int slots = (A.num_splits + C - 1) / C;  // a pair's chunk counters, then its own
+    int* pc = A.counters + ((int64_t)b * num_kv_heads + hk) * (slots + 1);
+    if (arrive_last(pc + c, min(C, used - c * C), lane))
+      merge_pair(A, b, hk, rb, c, chunks, used, pc + slots, lane);
   }
 }

@@ -132,14 +132,34 @@ def xor(v, m):
     return v[LANES ^ m]
 
 
+def balanced_split(lengths, rows, fill_rows, step):
+    """``balanced_split`` of the kernel, lane for lane: the split length c (the smallest of 32
+    candidates between cdiv(total, fill_rows) and cdiv(total, rows - B), multiples of ``step``,
+    whose splits sum_b max(1, cdiv(L_b, c)) fit ``rows``; lane 31's where none does) and each
+    request's (first row, split count)."""
+    B, total = len(lengths), int(sum(lengths))
+    lo = -(-total // fill_rows)
+    hi = -(-total // (rows - B))
+    used = lambda n, c: max(-(-n // c), 1)  # noqa: E731
+    cands = [max((lo + (hi - lo) * lane // 31 + step - 1) // step, 1) * step for lane in range(32)]
+    fits = [sum(used(int(n), c) for n in lengths) <= rows for c in cands]
+    c = cands[fits.index(True)] if any(fits) else cands[31]
+    counts = [used(int(n), c) for n in lengths]
+    firsts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+    return c, list(zip(firsts, counts))
+
+
 def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_bits, r_bits,
                  qk_scale, num_splits, num_qo_heads, lazy=True, round_w=True, w_split=True,
-                 trunc=False, drain=True):
+                 trunc=False, drain=True, fill_rows=0, step=16):
     """w_split: the anchor-only loop (r_bits 0) carries the bf16 remainder of its V weights (paired:
     in B columns 4-7; else as a second MMA into the same accumulator; the fix); False mirrors
     the kernel before it (bf16 weights only). trunc: the MMAs' accumulation rounds toward zero
     (`mma`). drain: the V accumulators' magic share is taken out every DRAIN_TOKENS tokens
-    (``rescale_drain``); False mirrors the kernel before it. Returns mid_o [B, HQ, S, D], mid_ml [B, HQ, S, 2] (numpy fp32)."""
+    (``rescale_drain``); False mirrors the kernel before it. fill_rows > 0: balanced splits
+    (`balanced_split`, ``num_splits`` = the rows the batch shares, ``step`` tokens per
+    iteration); request b's splits then sit at [b, :, 0:count] and its unused rows hold nothing
+    (m -1e30, l 0, o 0). Returns mid_o [B, HQ, S, D], mid_ml [B, HQ, S, 2] (numpy fp32)."""
     ac, aso, rc, rso, cf = tensors  # numpy: codes [rows, 2, H, bytes], so [rows, 2, H, NG, 2], cf [rows, 2, H] fp32
     hd = head_dim
     D = 64 if hd == 64 else 128
@@ -151,6 +171,10 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
     hkv = num_qo_heads // gq
     mid_o = np.full((B, num_qo_heads, num_splits, D), np.nan, F32)
     mid_ml = np.full((B, num_qo_heads, num_splits, 2), np.nan, F32)
+    if fill_rows:
+        lengths = np.diff(np.asarray(kv_indptr)).tolist()
+        c_bal, rows_of = balanced_split(lengths, num_splits, fill_rows, step)
+        mid_o[:], mid_ml[..., 0], mid_ml[..., 1] = 0, -1e30, 0
     gt = (SL * T) // gs
     grp = G % NG
     h = G // NG
@@ -175,7 +199,10 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
     for b in range(B):
         base = int(kv_indptr[b])
         seq = int(kv_indptr[b + 1]) - base
-        per_split = ((seq + num_splits - 1) // num_splits + 15) // 16 * 16
+        per_split = ((seq + num_splits - 1) // num_splits + step - 1) // step * step
+        splits = num_splits
+        if fill_rows:
+            per_split, splits = c_bal, rows_of[b][1]
         for hk in range(hkv):
             # query fragments per lane
             qrow = q_rot[b, hk * gq + np.where(row_ok, h, 0)]  # [32, hd]
@@ -209,7 +236,7 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
             cf_a = [shfl(fold_a, 4 * (2 * T + c)) for c in range(2)]
             cf_r = [shfl(fold_r, 4 * (2 * T + c)) for c in range(2)]
             cq = [shfl(qsum, 4 * (2 * T + c)) for c in range(2)]
-            for split in range(num_splits):
+            for split in range(splits):
                 lo = split * per_split
                 hi = min(lo + per_split, seq)
                 ntiles = (hi - lo + 15) // 16 if lo < hi else 0

@@ -294,6 +294,34 @@ def test_decode_cuda_graph_tc(device):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("hkv,group,dim", [(4, 1, 128), (3, 3, 64)], ids=["mha_d128", "gqa3_d64"])
+def test_decode_tc_balanced_splits_follow_the_lengths(hkv, group, dim, device):
+    """Token-balanced splits (the fused merge's default) find their split length and each
+    request's splits on the device: a graph captured at four equal lengths, replayed after
+    kv_indptr changes in place to skewed ones (one long request, one empty, one of one token),
+    meets the tolerance policy on the new lengths."""
+    view, ind, idx, _ = build(RQConfig(), loops=4, num_kv_heads=hkv, group=group, dim=dim,
+                              lens=[4000, 4000, 4000, 4101], rot="cfg", device=device, seed=35)
+    q, kc, vc = queries(4, hkv * group, hkv, dim, device=device, seed=35)
+    out = torch.full_like(q, float("nan"))
+    kw = dict(sm_scale=dim ** -0.5, out=out, launch=DecodeLaunch(split_kernel="tc"))
+    decode_attention(q, kc, vc, view, 3, ind, idx, **kw)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decode_attention(q, kc, vc, view, 3, ind, idx, **kw)
+    bounds = [0, 15000, 15001, 15001, 16101]
+    ind.copy_(torch.tensor(bounds, dtype=ind.dtype, device=device))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = decode_attention_reference(q.float(), kc, vc, view, 3, ind, idx, sm_scale=dim ** -0.5)
+    kh, vh = history(view, [idx[bounds[i]:bounds[i + 1]] for i in range(4)], 3)
+    yard = sdpa_bf16(q, kh, vh, kc, vc, list(range(5)), sm_scale=dim ** -0.5)
+    e = attention_errors(out, ref, yard)
+    assert torch.isfinite(out).all() and within_policy(e), e
+
+
+@pytest.mark.gpu
 def test_decode_tc_pdl_matches_plain_launch(device):
     """Programmatic dependent launch (sm_90+) changes when kernels start, not what they compute:
     a CUDA graph of three consecutive calls (each call's rotation a dependent of the previous
