@@ -158,7 +158,7 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     Note
     ----
     Two launches: the split kernel ``(num_kv_heads, batch_size, num_splits)`` (tc:
-    ``(cdiv(num_splits * num_kv_heads, 4), batch_size)`` CTAs of 4 warps) and the merge kernel
+    ``cdiv(rows * num_kv_heads, 4)`` CTAs of 4 warps, `decode_tc.tc_split`) and the merge kernel
     ``(num_kv_heads, cdiv(batch_size * group, 16))``. For ``tc``, three under a rotation other
     than a (signed) Sylvester Hadamard (the query rotation first; the tc split kernel applies
     such a Hadamard to the query itself), and one without rotation or under such a Hadamard
