@@ -47,7 +47,8 @@ POINTS = [(1, 8192), (4, 8192), (2, 16384), (16, 16384), (4, 32768), (64, 8192)]
 # mixed-length batches (name: history lengths), timed against a uniform batch of the same size
 # and tokens: how much a long request's splits stretch the call
 MIXED = {"16 x 1k..16k": [1024 * (i + 1) for i in range(16)],
-         "1 x 16k + 31 x 1k": [16384] + [1024] * 31}
+         "1 x 16k + 31 x 1k": [16384] + [1024] * 31,
+         "4 x 32k + 60 x 2k": [32768] * 4 + [2048] * 60}  # a one-split plan
 
 
 def inputs(view, hq, hkv, dim, b, ctx, seed=0):
