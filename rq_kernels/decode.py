@@ -212,7 +212,7 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
                 cuda.set_carveout(rotate.function, carveout_percent(dev.index))
         occupancy, splits = tc_plan(B, HKV, kv_indices.numel(), _num_sms(dev.index or 0),
                                     splits=launch.num_splits)
-        # token-balanced splits where the kernel merges (one request: its equal splits are)
+        # token-balanced splits where the kernel merges (for one request equal splits already are)
         balanced = q_split is q and not launch.num_splits and B > 1
         counters = None
         if q_split is q:
