@@ -26,7 +26,7 @@ import torch
 from attn_cases import build, history, queries
 from tc_emulation import balanced_split, merge, split_kernel
 
-from rq_kernels.decode_tc import _loop_tensors
+from rq_kernels.decode_tc import _loop_tensors, balanced_rows
 from rq_kernels.testing import attention_errors, sdpa_bf16, within_policy
 from sglang_rq.config import RQConfig
 from sglang_rq.reference import decode_attention_reference
@@ -120,9 +120,9 @@ def test_truncating_accumulation_needs_the_magic_drain():
 ])
 def test_balanced_split_length_by_hand(lengths, splits, step, length, counts):
     """The kernel's split-length rule (`balanced_split`, mirrored lane for lane) on hand-derived
-    cases: B x max(S, 2) rows, the length from cdiv(total, B x S) up."""
+    cases: `balanced_rows` (B x max(S, 2)) rows, the length from cdiv(total, B x S) up."""
     b = len(lengths)
-    c, rows = balanced_split(lengths, b * max(splits, 2), b * splits, step)
+    c, rows = balanced_split(lengths, balanced_rows(b, splits), b * splits, step)
     assert c == length and [n for _, n in rows] == counts
     assert [f for f, _ in rows] == [sum(counts[:i]) for i in range(b)]
 
@@ -132,5 +132,6 @@ def test_balanced_splits_within_policy(lens, loop):
     """Balanced splits (one split length for the batch, a request's splits from its first row)
     as emulated and merged meet the tolerance policy on skewed lengths with empty requests."""
     b = len(lens)
-    e = _errors(NOROT, 4, 2, 1, 128, lens, loop, 41, b * 2, w_split=True, fill_rows=b * 2)
+    e = _errors(NOROT, 4, 2, 1, 128, lens, loop, 41, balanced_rows(b, 2), w_split=True,
+                fill_rows=b * 2)
     assert within_policy(e), e
