@@ -326,10 +326,13 @@ def _variant(view: CompressedLayerView, loop_id: int, group: int,
 
 
 def balanced_rows(batch_size: int, splits: int) -> int:
-    """The split rows a balanced launch (`tc_split`) shares across ``batch_size`` requests whose
-    plan (`tc_plan`) gives ``splits`` equal splits each: ``batch_size x max(splits, 2)``, so a
-    one-split plan still has rows to give a long request more splits."""
-    return batch_size * max(splits, 2)
+    """The split rows a balanced launch (`tc_split`) shares across ``batch_size`` > 1 requests
+    whose plan (`tc_plan`) gives ``splits`` equal splits each: ``batch_size x splits``, plus
+    ``cdiv(batch_size, 2)`` for a one-split plan, so that a long request can still take more
+    splits than one. A uniform batch leaves those rows empty: B of them (B x 2 rows, the rule
+    before) made Ouro 64 x 8k 2-3 % slower than cdiv(B, 2)
+    (`benchmarks/results/h200_2026-12-03e_balanced_merge_ab.json`, arm g15)."""
+    return batch_size * splits + (-(-batch_size // 2) if splits == 1 else 0)
 
 
 def tc_split(q: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,

@@ -583,7 +583,7 @@ __device__ __forceinline__ int balanced_split(const Args& A, int s, int lane, in
   const int hi = (total + (G - B) - 1) / (G - B);
   const int cand = max((lo + (int)((int64_t)(hi - lo) * lane / 31) + step - 1) / step, 1) * step;
   c = cand;
-  if (lo < hi) {  // else (a one-split plan) every candidate is the same and fits
+  if (lo < hi) {  // else every candidate is the same and fits
     int sum = 0;
     for (int b0 = 0; b0 < B; b0 += 32) {
       const int len = b0 == 0 ? len0 : request_length(A, b0 + lane);
