@@ -55,8 +55,8 @@ class DecodeLaunch:
 
     ``split_kernel``: ``"tc"``, ``"fma"`` or ``"mma"`` (default: see the module docstring);
     ``num_splits``: equal splits per request's history (default: tc `decode_tc.tc_plan`'s
-    count of whole waves, made token-balanced splits shared by the batch where the kernel
-    merges and B > 1, `decode_tc.tc_split`; the Triton kernels `choose_num_splits`, one wave);
+    count of whole waves, made token-balanced splits shared by the batch where B > 1,
+    `decode_tc.tc_split`; the Triton kernels `choose_num_splits`, one wave);
     ``block_n``: history tokens per tile (fma: 64 on loops with a residual, else 32 or 64 by
     group count; mma: 32, and at least 32 on CUDA; tc: fixed 16, refused if set);
     ``pdl``: launch the query rotation, the tc split kernel and the merge as programmatic
@@ -200,6 +200,7 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     interp = interpreting(rq_decode_mma_split_kernel)
     pdl = not interp and (pdl_capable(dev) if launch.pdl is None else launch.pdl)
     qk_scale = sm_scale * LOG2E
+    split_rows = None  # the tc kernel's balanced rows per request, where the merge kernel merges
     if kernel == "tc":
         q_split = q  # the split kernel rotates the query itself, or needs none
         if query_rotation(view, dev)[0] == 0:  # any other rotation: the rotation kernel first
@@ -212,20 +213,21 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
                 cuda.set_carveout(rotate.function, carveout_percent(dev.index))
         occupancy, splits = tc_plan(B, HKV, kv_indices.numel(), _num_sms(dev.index or 0),
                                     splits=launch.num_splits)
-        # token-balanced splits where the kernel merges (for one request equal splits already are)
-        balanced = q_split is q and not launch.num_splits and B > 1
+        # token-balanced splits unless the caller fixed the count (for one request equal splits
+        # already are)
+        balanced = not launch.num_splits and B > 1
         counters = None
         if q_split is q:
             counters = merge_counters(dev, B * HKV,
                                       balanced_rows(B, splits) if balanced else splits, gq)
-            if counters is None and balanced:
-                balanced = False
-                counters = merge_counters(dev, B * HKV, splits, gq)
-        mid_o, mid_ml = tc_split(q_split, kv_indptr, kv_indices, view, loop_id, HKV, qk_scale,
-                                 splits, occupancy, balanced=balanced, pdl=pdl,
-                                 merge=None if counters is None else (k_cur, v_cur, out, counters))
+        mid_o, mid_ml, split_rows = tc_split(
+            q_split, kv_indptr, kv_indices, view, loop_id, HKV, qk_scale, splits, occupancy,
+            balanced=balanced, pdl=pdl,
+            merge=None if counters is None else (k_cur, v_cur, out, counters))
         if counters is not None:  # the split kernel merged its splits itself
             return out
+        if balanced:
+            splits = balanced_rows(B, splits)
     elif kernel == "fma":
         mid_o, mid_ml, splits = _fma_split(q, kv_indptr, kv_indices, view, loop_id, args, c,
                                            rot, nterms, has_rot, qk_scale, launch, interp)
@@ -252,11 +254,12 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
     reps = MMA_ROWS // block_m if has_rot else 1
     merge = rq_decode_merge_kernel[(HKV, cdiv(B * gq, block_m))](
         q, q.stride(0), q.stride(1), k_cur, k_cur.stride(0), k_cur.stride(1),
-        v_cur, v_cur.stride(0), v_cur.stride(1), mid_o, mid_ml, *rot,
+        v_cur, v_cur.stride(0), v_cur.stride(1), mid_o, mid_ml,
+        mid_ml if split_rows is None else split_rows, *rot,
         out, out.stride(0), out.stride(1), B * gq, qk_scale, splits,
         GQ=gq, D=D, DP=dp, HAS_ROT=has_rot, TERMS=nterms, BLOCK_M=block_m,
-        SPLITS_PER_ITER=per_iter, ROW_REPS=reps, INTERP=interp, PDL=pdl, num_warps=8,
-        launch_pdl=pdl)
+        SPLITS_PER_ITER=per_iter, ROW_REPS=reps, INTERP=interp, PDL=pdl,
+        BALANCED=split_rows is not None, num_warps=8, launch_pdl=pdl)
     if kernel == "tc" and not interp:
         cuda.set_carveout(merge.function, carveout_percent(dev.index))
     return out

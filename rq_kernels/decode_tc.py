@@ -154,7 +154,7 @@ class _Args(ctypes.Structure):
         ("mid_o", ctypes.c_void_p), ("mid_ml", ctypes.c_void_p), ("qk_scale", ctypes.c_float),
         ("q_alpha", ctypes.c_float), ("num_splits", ctypes.c_int32),
         ("num_qo_heads", ctypes.c_int32), ("q_mode", ctypes.c_int32), ("batch", ctypes.c_int32),
-        ("fill_rows", ctypes.c_int32), ("fused", ctypes.c_int32),
+        ("fill_rows", ctypes.c_int32), ("split_rows", ctypes.c_void_p), ("fused", ctypes.c_int32),
         ("merge_chunk", ctypes.c_int32)] + [
         (f"{n}{s}", ctypes.c_void_p if s == "" else ctypes.c_int64)
         for n in ("k_cur", "v_cur", "out") for s in ("", "_b", "_h")] + [
@@ -326,10 +326,13 @@ def _variant(view: CompressedLayerView, loop_id: int, group: int,
 
 
 def balanced_rows(batch_size: int, splits: int) -> int:
-    """The split rows a balanced launch (`tc_split`) shares across ``batch_size`` requests whose
-    plan (`tc_plan`) gives ``splits`` equal splits each: ``batch_size x max(splits, 2)``, so a
-    one-split plan still has rows to give a long request more splits."""
-    return batch_size * max(splits, 2)
+    """The split rows a balanced launch (`tc_split`) shares across ``batch_size`` > 1 requests
+    whose plan (`tc_plan`) gives ``splits`` equal splits each: ``batch_size x splits``, plus
+    ``cdiv(batch_size, 2)`` for a one-split plan, so that a long request can still take more
+    splits than one. A uniform batch leaves those rows empty: B of them (B x 2 rows, the rule
+    before) made Ouro 64 x 8k 2-3 % slower than cdiv(B, 2)
+    (`benchmarks/results/h200_2026-12-03e_balanced_merge_ab.json`, arm g15)."""
+    return batch_size * splits + (-(-batch_size // 2) if splits == 1 else 0)
 
 
 def tc_split(q: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
@@ -337,19 +340,20 @@ def tc_split(q: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
              num_splits: int, occupancy: Occupancy, *, balanced: bool = False,
              pdl: bool = False,
              merge: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Run the split kernel in the `OCCUPANCY` shape ``occupancy`` (`tc_occupancy`):
     ``q`` ``[B, Hq, head_dim]`` as `query_rotation` says (fp32 in the rotated basis, the query
     rotation kernel's output, where its ``q_mode`` is 0; else the model's bf16 query, last dim
     contiguous) -> (MidO ``[B, Hq, S, width(head_dim)]`` fp32 unnormalised (head_dim 96:
     columns 96-127 are 0), MidML ``[B, Hq, S, 2]`` fp32 (max in log2 units, sum)), S =
-    ``num_splits`` equal splits of each request's history (`tc_plan`'s count). ``balanced``
-    (with ``merge`` only): token-balanced splits in G = `balanced_rows` rows shared by the
-    batch (MidO ``[Hq, G, ...]``); the kernel picks one split length for all requests, the
-    shortest of 32 candidates whose splits fit the G rows and no shorter than the batch's tokens
-    over B x S (a uniform batch keeps the equal splits), from ``kv_indptr`` on the device, so a
-    captured launch follows the lengths: a long request gets more splits than a short one and
-    every split reads about as much. ``cdiv(units * num_kv_heads, 4)`` CTAs of 4 warps (units:
+    ``num_splits`` equal splits of each request's history (`tc_plan`'s count), and None.
+    ``balanced``: token-balanced splits in G = `balanced_rows` rows shared by the batch (MidO
+    ``[Hq, G, ...]``; without ``merge``, the third result is ``[B, 2]`` int32, each request's
+    first row and split count, for the merge kernel); the kernel picks one split length for all
+    requests, the shortest of 32 candidates whose splits fit the G rows and no shorter than the
+    batch's tokens over B x S (a uniform batch keeps the equal splits), from ``kv_indptr`` on
+    the device, so a captured launch follows the lengths: a long request gets more splits than
+    a short one and every split reads about as much. ``cdiv(units * num_kv_heads, 4)`` CTAs of 4 warps (units:
     G, or B x S), one (split, KV head) per warp, KV head fastest, a request's splits adjacent.
     ``pdl``: launched as a programmatic dependent of the kernel that wrote ``q``
     (`rq_kernels.cuda.launch`): it copies its first history tiles, then waits for ``q``.
@@ -370,13 +374,14 @@ def tc_split(q: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
     defines, smem = _variant(view, loop_id, group, occupancy)
     fn = cuda.function(SOURCE, KERNEL, defines, dev, shared_bytes=smem,
                        carveout=carveout_percent(dev.index))
-    assert merge is not None or not balanced, "balanced splits need the fused merge"
     fill_rows = B * num_splits if balanced else 0
     if balanced:
         num_splits = balanced_rows(B, num_splits)
     rows = (HQ, num_splits) if balanced else (B, HQ, num_splits)
     mid_o = torch.empty(*rows, D, dtype=torch.float32, device=dev)
     mid_ml = torch.empty(*rows, 2, dtype=torch.float32, device=dev)
+    split_rows = (torch.empty(B, 2, dtype=torch.int32, device=dev)
+                  if balanced and merge is None else None)
 
     def parts(t, elem=1):
         if t is None:
@@ -402,8 +407,8 @@ def tc_split(q: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
                  *parts(ac), *parts(aso), *parts(rc if rc is not None else ac),
                  *parts(rso if rso is not None else aso), *parts(cf),
                  mid_o.data_ptr(), mid_ml.data_ptr(), qk_scale, alpha, num_splits, HQ, q_mode,
-                 B, fill_rows, *fused)
+                 B, fill_rows, 0 if split_rows is None else split_rows.data_ptr(), *fused)
     units = (num_splits if balanced else num_splits * B) * num_kv_heads
     grid = ((units + WARPS - 1) // WARPS, 1, 1)
     cuda.launch(fn, grid, WARPS * 32, args, dev, shared_bytes=smem, pdl=pdl)
-    return mid_o, mid_ml
+    return mid_o, mid_ml, split_rows

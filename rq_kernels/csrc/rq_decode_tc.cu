@@ -2,8 +2,8 @@
 //
 // One warp handles one (KV head, request, split); the four warps of a CTA are adjacent
 // (split, KV head) units, KV head fastest (they share small reads in L1). Splits are equal
-// parts of each request's history, or (balanced, with the fused merge) one length for the
-// whole batch found on the device (balanced_split), so long requests get more of them. Each
+// parts of each request's history, or (balanced) one length for the whole batch found on the
+// device (balanced_split), so long requests get more of them. Each
 // 16-token tile of the history runs two MMA phases (mma.sync m16n8k16, bf16 in, fp32 out):
 //
 //   K:  C_k[tok, col] = sum_k code[tok, k] * Qmask[k, col]      tokens on M (rows g, 8 + g),
@@ -311,13 +311,16 @@ struct Args {
   float* mid_ml;
   float qk_scale;
   float q_alpha;
-  // equal splits: num_splits per request, MidO [B, HQ, S, D]; balanced (fused only): num_splits
-  // = G split rows shared by the batch, MidO [HQ, G, D] (request b's rows from its first)
+  // equal splits: num_splits per request, MidO [B, HQ, S, D]; balanced: num_splits = G split
+  // rows shared by the batch, MidO [HQ, G, D] (request b's rows from its first)
   int num_splits;
   int num_qo_heads;
   int q_mode;
   int batch;
   int fill_rows;  // balanced splits where > 0: the plan's B x S rows (balanced_split)
+  // balanced without the fused merge: [B, 2] (first row, split count) of each request, for the
+  // merge kernel
+  int* split_rows;
   // fused merge (q_mode 1 or 2): the last warps of each (request, KV head) to finish reduce the
   // splits, add the in-flight token (k_cur, v_cur [B, Hkv, HEAD_DIM] bf16 at element strides)
   // and write out [B, HQ, HEAD_DIM] bf16; counters: the finished splits of each chunk and the
@@ -580,7 +583,7 @@ __device__ __forceinline__ int balanced_split(const Args& A, int s, int lane, in
   const int hi = (total + (G - B) - 1) / (G - B);
   const int cand = max((lo + (int)((int64_t)(hi - lo) * lane / 31) + step - 1) / step, 1) * step;
   c = cand;
-  if (lo < hi) {  // else (a one-split plan) every candidate is the same and fits
+  if (lo < hi) {  // else every candidate is the same and fits
     int sum = 0;
     for (int b0 = 0; b0 < B; b0 += 32) {
       const int len = b0 == 0 ? len0 : request_length(A, b0 + lane);
@@ -804,6 +807,10 @@ rq_decode_tc_split(const Args A) {
       return;
     }
     split = rest - first;
+    if (!A.fused && split == 0 && hk == 0 && lane == 0) {
+      A.split_rows[2 * b] = first;
+      A.split_rows[2 * b + 1] = used;
+    }
   } else {  // equal splits of each request's own length, request-major
     b = rest / A.num_splits;
     split = rest % A.num_splits;

@@ -178,13 +178,15 @@ def _in_flight(Q, s_qb, s_qh, Kc, s_kb, s_kh, Vc, s_vb, s_vh, b, hq, hk, dm, d, 
 @triton.jit
 def rq_decode_merge_kernel(
     Q, s_qb, s_qh, Kc, s_kb, s_kh, Vc, s_vb, s_vh,  # [B, Hq, D], [B, Hkv, D] x2
-    MidO, MidML,  # [B, Hq, S, DP] fp32, [B, Hq, S, 2] fp32
+    MidO, MidML,  # [B, Hq, S, DP] fp32, [B, Hq, S, 2] fp32 (BALANCED: [Hq, S, ...])
+    SplitRows,  # BALANCED: [B, 2] int32 (first row, split count)
     Rot, s_rterm, s_rhead, s_rrow, alpha,  # [TERMS, Hkv, DP, DP] bf16
     Out, s_ob, s_oh,  # [B, Hq, D]
     batch_rows, qk_scale, num_splits,  # batch_rows = B * GQ
     GQ: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, HAS_ROT: tl.constexpr,
     TERMS: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS_PER_ITER: tl.constexpr,
     ROW_REPS: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr = False,
+    BALANCED: tl.constexpr = False,
 ):
     """Grid ``(num_kv_heads, cdiv(batch_rows, BLOCK_M))``. Each iteration loads SPLITS_PER_ITER
     splits of the program's BLOCK_M rows at once (a loop of one split per iteration paid one
@@ -193,7 +195,9 @@ def rq_decode_merge_kernel(
     rows: BLOCK_M < 16 rows are repeated ROW_REPS times (the copies are not stored). PDL
     (launched as a programmatic dependent, sm_90+): the program starts while the split kernel
     runs and, for a few rows, loads what the split kernel does not write (the in-flight token, a
-    one-term rotation) before it waits for the split kernel's output."""
+    one-term rotation) before it waits for the split kernel's output. BALANCED (the tc split
+    kernel's token-balanced splits, `rq_kernels.decode_tc.tc_split`): the S rows are shared by
+    the batch and request b owns ``SplitRows[b, 1]`` of them from ``SplitRows[b, 0]``."""
     hk, r_mask, b, hq = gqa_rows(batch_rows, GQ, BLOCK_M, 1)
     d = tl.arange(0, DP)
     _, r_mask2, b2, hq2 = gqa_rows(batch_rows, GQ, BLOCK_M, ROW_REPS)
@@ -207,13 +211,21 @@ def rq_decode_merge_kernel(
         if HAS_ROT and TERMS == 1:
             r_term = rotation_term(Rot + hk * s_rhead, s_rrow, True, DP)
     pdl_wait(PDL)
-    mid = (b * GQ * tl.num_programs(0) + hq).to(tl.int64) * num_splits  # [BLOCK_M], 64-bit
+    if BALANCED:
+        first = tl.load(SplitRows + b * 2, mask=r_mask, other=0)
+        count = tl.load(SplitRows + b * 2 + 1, mask=r_mask, other=0)
+        mid = hq.to(tl.int64) * num_splits + first  # [BLOCK_M], 64-bit
+        n_rows = tl.max(count, axis=0)
+    else:
+        count = tl.zeros([BLOCK_M], tl.int32) + num_splits
+        mid = (b * GQ * tl.num_programs(0) + hq).to(tl.int64) * num_splits
+        n_rows = num_splits
     m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_run = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, DP], tl.float32)
     sb = tl.arange(0, SPLITS_PER_ITER)
-    for s0 in range(0, num_splits, SPLITS_PER_ITER):
-        s_mask = r_mask[:, None] & (s0 + sb[None, :] < num_splits)  # [BLOCK_M, SB]
+    for s0 in range(0, n_rows, SPLITS_PER_ITER):
+        s_mask = r_mask[:, None] & (s0 + sb[None, :] < count[:, None])  # [BLOCK_M, SB]
         row = mid[:, None] + s0 + sb[None, :]
         m_s = tl.load(MidML + row * 2, mask=s_mask, other=float("-inf"))
         l_s = tl.load(MidML + row * 2 + 1, mask=s_mask, other=0.0)

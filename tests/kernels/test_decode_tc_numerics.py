@@ -106,13 +106,14 @@ def test_truncating_accumulation_needs_the_magic_drain():
     # a uniform batch keeps the plan's equal split: 4 x 8192 at S = 22 (Ouro, 4 x 8k on the
     # H200): cdiv(8192, 22) = 373 -> 384, 22 splits each
     ([8192] * 4, 22, 16, 384, [22] * 4),
-    # a one-split plan keeps one split per request: lo = hi = cdiv(64 x 8192, 64) = 8192
+    # a one-split plan keeps one split per request: G = 64 + 32, lo = cdiv(64 x 8192, 64) =
+    # 8192 fits (64 rows)
     ([8192] * 64, 1, 32, 8192, [1] * 64),
     # one long request and short ones, S = 3 (G = 96): lo = cdiv(48128, 96) = 502 -> 512 fits
     # (16384 / 512 + 31 x 2 = 94 <= 96), so the long request gets 32 splits, the short ones 2
     ([16384] + [1024] * 31, 3, 16, 512, [32] + [2] * 31),
-    # a one-split plan with a long request: lo = hi = cdiv(4 x 32768 + 60 x 2048, 64) = 3968,
-    # 9 splits per 32k request, 1 per 2k (96 of 128 rows)
+    # a one-split plan with a long request: G = 96, lo = cdiv(4 x 32768 + 60 x 2048, 64) =
+    # 3968 fits: 9 splits per 32k request, 1 per 2k (all 96 rows)
     ([32768] * 4 + [2048] * 60, 1, 32, 3968, [9] * 4 + [1] * 60),
     # empty and one-token requests take a row each: G = 8, lo 94, hi 187; candidate j is
     # 94 + 3j rounded up to 16; 700 needs c >= 140 (5 splits + 3 = 8 rows): j = 12 gives 144
@@ -120,18 +121,21 @@ def test_truncating_accumulation_needs_the_magic_drain():
 ])
 def test_balanced_split_length_by_hand(lengths, splits, step, length, counts):
     """The kernel's split-length rule (`balanced_split`, mirrored lane for lane) on hand-derived
-    cases: `balanced_rows` (B x max(S, 2)) rows, the length from cdiv(total, B x S) up."""
+    cases: `balanced_rows` rows (B x S, + cdiv(B, 2) where S = 1), the length from
+    cdiv(total, B x S) up."""
     b = len(lengths)
     c, rows = balanced_split(lengths, balanced_rows(b, splits), b * splits, step)
     assert c == length and [n for _, n in rows] == counts
     assert [f for f, _ in rows] == [sum(counts[:i]) for i in range(b)]
 
 
-@pytest.mark.parametrize("lens,loop", [([700, 0, 1, 45], 3), ([700, 0, 1, 45], 1), ([33, 260], 0)])
-def test_balanced_splits_within_policy(lens, loop):
+@pytest.mark.parametrize("lens,loop,splits", [
+    ([700, 0, 1, 45], 3, 2), ([700, 0, 1, 45], 1, 2), ([33, 260], 0, 2), ([700, 0, 1, 45], 0, 1)])
+def test_balanced_splits_within_policy(lens, loop, splits):
     """Balanced splits (one split length for the batch, a request's splits from its first row)
-    as emulated and merged meet the tolerance policy on skewed lengths with empty requests."""
+    as emulated and merged meet the tolerance policy on skewed lengths with empty requests
+    (``splits``: the plan's; a one-split plan gives 1.5 rows per request)."""
     b = len(lens)
-    e = _errors(NOROT, 4, 2, 1, 128, lens, loop, 41, balanced_rows(b, 2), w_split=True,
-                fill_rows=b * 2)
+    e = _errors(NOROT, 4, 2, 1, 128, lens, loop, 41, balanced_rows(b, splits), w_split=True,
+                fill_rows=b * splits)
     assert within_policy(e), e
