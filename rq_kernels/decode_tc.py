@@ -353,8 +353,9 @@ def tc_split(q: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
     requests, the shortest of 32 candidates whose splits fit the G rows and no shorter than the
     batch's tokens over B x S (a uniform batch keeps the equal splits), from ``kv_indptr`` on
     the device, so a captured launch follows the lengths: a long request gets more splits than
-    a short one and every split reads about as much. ``cdiv(units * num_kv_heads, 4)`` CTAs of 4 warps (units:
-    G, or B x S), one (split, KV head) per warp, KV head fastest, a request's splits adjacent.
+    a short one and every split reads about as much. ``cdiv(units * num_kv_heads, 4)`` CTAs of
+    4 warps (units: G, or B x S), one (split, KV head) per warp, KV head fastest, a request's
+    splits adjacent.
     ``pdl``: launched as a programmatic dependent of the kernel that wrote ``q``
     (`rq_kernels.cuda.launch`): it copies its first history tiles, then waits for ``q``.
     ``merge``: ``(k_cur, v_cur, out, counters)`` (`merge_counters`; only where `query_rotation`

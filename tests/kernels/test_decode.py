@@ -294,16 +294,22 @@ def test_decode_cuda_graph_tc(device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("hkv,group,dim,rot,q_mode", [
-    (4, 1, 128, "cfg", 2), (3, 3, 64, "cfg", 2), (4, 1, 96, "cfg", 0), (2, 2, 128, "rand", 0)],
-    ids=["mha_d128", "gqa3_d64", "mha_d96_merge_kernel", "gqa2_rand_merge_kernel"])
-def test_decode_tc_balanced_splits_follow_the_lengths(hkv, group, dim, rot, q_mode, device):
+@pytest.mark.parametrize("hkv,group,dim,rot,q_mode,fused", [
+    (4, 1, 128, "cfg", 2, True), (3, 3, 64, "cfg", 2, True), (4, 1, 128, "cfg", 2, False),
+    (4, 1, 96, "cfg", 0, False), (2, 2, 128, "rand", 0, False)],
+    ids=["mha_d128", "gqa3_d64", "mha_d128_no_counters", "mha_d96_merge_kernel",
+         "gqa2_rand_merge_kernel"])
+def test_decode_tc_balanced_splits_follow_the_lengths(hkv, group, dim, rot, q_mode, fused, device,
+                                                      monkeypatch):
     """Token-balanced splits (the default for batch > 1) find their split length and each
     request's splits on the device: a graph captured at four equal lengths, replayed after
     kv_indptr changes in place to skewed ones (one long request, one empty, one of one token),
-    meets the tolerance policy on the new lengths. q_mode 2: the split kernel merges its rows
-    itself; q_mode 0 (head_dim 96's Paley rotation, a random one): the merge kernel reads each
-    request's rows from the split kernel's (first row, count) table."""
+    meets the tolerance policy on the new lengths. ``fused``: the split kernel merges its rows
+    itself; else the merge kernel reads each request's rows from the split kernel's (first row,
+    count) table: always under q_mode 0 (head_dim 96's Paley rotation, a random one), and under
+    q_mode 2 where the fused merge's counters do not fit (here: none are left)."""
+    if not fused:
+        monkeypatch.setattr(decode_tc, "MERGE_COUNTERS", 0)
     view, ind, idx, _ = build(RQConfig(), loops=4, num_kv_heads=hkv, group=group, dim=dim,
                               lens=[4000, 4000, 4000, 4101], rot=rot, device=device, seed=35)
     assert query_rotation(view, torch.device(device))[0] == q_mode
