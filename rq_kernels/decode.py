@@ -76,6 +76,16 @@ class DecodeLaunch:
 
 
 @lru_cache(maxsize=8)
+def merge_shape(rows: int, padded_dim: int, rotated: bool) -> tuple[int, int, int]:
+    """``rq_decode_merge_kernel``'s ``(BLOCK_M, SPLITS_PER_ITER, ROW_REPS)`` for ``rows`` (request,
+    query head) rows (B x group) of ``padded_dim`` columns: few rows (small batch) take many
+    splits per iteration, so ``[BLOCK_M, splits, padded_dim]`` holds at most MERGE_TILE x 128
+    fp32; under a rotation, fewer than 16 rows are repeated to one tensor-core tile."""
+    block_m = min(MMA_ROWS, next_pow2(rows))
+    per_iter = max(1, MERGE_TILE // block_m * 128 // max(padded_dim, 128))
+    return block_m, per_iter, MMA_ROWS // block_m if rotated else 1
+
+
 def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
@@ -216,18 +226,15 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
         # token-balanced splits unless the caller fixed the count (for one request equal splits
         # already are)
         balanced = not launch.num_splits and B > 1
-        counters = None
-        if q_split is q:
-            counters = merge_counters(dev, B * HKV,
-                                      balanced_rows(B, splits) if balanced else splits, gq)
+        rows = balanced_rows(B, splits) if balanced else splits  # split rows per pair's merge
+        counters = merge_counters(dev, B * HKV, rows, gq) if q_split is q else None
         mid_o, mid_ml, split_rows = tc_split(
             q_split, kv_indptr, kv_indices, view, loop_id, HKV, qk_scale, splits, occupancy,
             balanced=balanced, pdl=pdl,
             merge=None if counters is None else (k_cur, v_cur, out, counters))
         if counters is not None:  # the split kernel merged its splits itself
             return out
-        if balanced:
-            splits = balanced_rows(B, splits)
+        splits = rows
     elif kernel == "fma":
         mid_o, mid_ml, splits = _fma_split(q, kv_indptr, kv_indices, view, loop_id, args, c,
                                            rot, nterms, has_rot, qk_scale, launch, interp)
@@ -247,11 +254,7 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
             q, q.stride(0), q.stride(1), kv_indptr, kv_indices, *args, *rot, mid_o, mid_ml,
             qk_scale, splits, GQ=gq, GQV=gqv, HAS_ROT=has_rot, TERMS=nterms, BLOCK_N=block_n,
             INTERP=interp, FAST=not interp, num_warps=1, num_stages=3, **c)
-    # merge: few rows (small batch) take many splits per iteration; [rows, splits, DP] holds at
-    # most MERGE_TILE * 128 fp32
-    block_m = min(MMA_ROWS, next_pow2(B * gq))
-    per_iter = max(1, MERGE_TILE // block_m * 128 // max(dp, 128))
-    reps = MMA_ROWS // block_m if has_rot else 1
+    block_m, per_iter, reps = merge_shape(B * gq, dp, has_rot)
     merge = rq_decode_merge_kernel[(HKV, cdiv(B * gq, block_m))](
         q, q.stride(0), q.stride(1), k_cur, k_cur.stride(0), k_cur.stride(1),
         v_cur, v_cur.stride(0), v_cur.stride(1), mid_o, mid_ml,

@@ -14,8 +14,7 @@ import math
 import pytest
 import torch
 
-from rq_kernels.decode import MERGE_TILE, MMA_ROWS
-from rq_kernels._host import next_pow2
+from rq_kernels.decode import merge_shape
 from rq_kernels.triton.decode_mma import rq_decode_merge_kernel
 
 
@@ -81,15 +80,14 @@ def test_merge_kernel_against_float64(counts, spare, gq, balanced, device):
     if split_rows is not None:
         split_rows = split_rows.to(device)
     out = torch.full((B, HQ, D), float("nan"), dtype=torch.bfloat16, device=device)
-    block_m = min(MMA_ROWS, next_pow2(B * gq))  # as decode_attention launches it
-    per_iter = max(1, MERGE_TILE // block_m * 128 // max(DP, 128))
+    block_m, per_iter, reps = merge_shape(B * gq, DP, False)  # as decode_attention launches it
     rq_decode_merge_kernel[(HKV, -(-B * gq // block_m))](
         q, q.stride(0), q.stride(1), k_cur, k_cur.stride(0), k_cur.stride(1),
         v_cur, v_cur.stride(0), v_cur.stride(1), mid_o, mid_ml,
         mid_ml if split_rows is None else split_rows, mid_o, 0, 0, 0, 1.0,
         out, out.stride(0), out.stride(1), B * gq, qk_scale, S,
         GQ=gq, D=D, DP=DP, HAS_ROT=False, TERMS=1, BLOCK_M=block_m, SPLITS_PER_ITER=per_iter,
-        ROW_REPS=1, INTERP=device == "cpu", BALANCED=balanced, num_warps=8)
+        ROW_REPS=reps, INTERP=device == "cpu", BALANCED=balanced, num_warps=8)
     assert torch.isfinite(out).all()
     # bf16 output: half an ulp of relative error, plus fp32 sums
     torch.testing.assert_close(out.cpu().double(), want, rtol=2 ** -8, atol=1e-3)
