@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Session 23 device call 3: carveout per view against main (two reps), decode step per tree, GPU tests.
+set -uo pipefail
+OUT=${OUT:-/tmp/rq-out}; SITE=/tmp/rq-site; T0=$(date +%s)
+[ -d $SITE/sglang ] || { mkdir -p $SITE && tar -xJf .gpu-bundle/sglang-rq-bundle.tar.xz -C $SITE; }
+rm -rf scratch/main_rq; tar -xJf scratch/trees.tar.xz -C scratch
+export TRITON_CACHE_DIR=/tmp/triton-cache PYTHONUNBUFFERED=1
+el() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
+nvidia-smi --query-gpu=clocks.sm,power.draw,clocks_throttle_reasons.active --format=csv,noheader
+for rep in 0 1; do
+  el "ab rep $rep"
+  PYTHONPATH=$PWD/scratch/main_rq:$PWD:$SITE timeout 80 python scratch/ab23c.py main $rep 2>&1 | grep -E "AB|Error|error|assert"
+  PYTHONPATH=$PWD:$SITE timeout 80 python scratch/ab23c.py new $rep 2>&1 | grep -E "AB|Error|error|assert"
+done
+el step; mkdir -p $OUT/step_main $OUT/step_new
+PYTHONPATH=$PWD/scratch/main_rq:$PWD:$SITE timeout 90 python benchmarks/bench_decode_step.py --out $OUT/step_main --deadline 80 2>&1 | grep -iE "ratio|x |step|error" | tail -12
+PYTHONPATH=$PWD:$SITE timeout 90 python benchmarks/bench_decode_step.py --out $OUT/step_new --deadline 80 2>&1 | grep -iE "ratio|x |step|error" | tail -12
+el tests
+PYTHONPATH=$PWD:$SITE timeout 170 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_decode_merge.py tests/kernels/test_decode.py -k "tc or graph or merge" 2>&1 | tail -n 6 > $OUT/tests.txt; cat $OUT/tests.txt
+el done
