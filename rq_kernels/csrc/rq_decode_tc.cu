@@ -394,28 +394,36 @@ __device__ __forceinline__ void issue_so(uint32_t dst, const uint8_t* so) {
 // lane & 15, half lane >> 4 (alternate code chunks; (scale, offset) rows and coefficients:
 // half 0 the anchor's / K's, half 1 the residual's / V's). slot: this lane's token's pool row
 // (0 past hi).
+// Copy the codes of one kind (K and V of the anchor or the residual) of the tile's 16 tokens:
+// CHUNKS cp.async chunks of CB bytes per token, lanes chunk-fastest, so one instruction reads
+// whole token rows (32 / P tokens of P lanes, P = CHUNKS rounded up to a power of two): one
+// L2 request per token row rather than one per 32-byte sector of it. slot: the pool row of token
+// lane & 15 (moved to the lanes copying it by shuffles).
+template <int CB, int CHUNKS> __device__ __forceinline__ void issue_codes(
+    const uint8_t* base, int64_t row_stride, int64_t kv_stride, uint32_t dk, uint32_t dv,
+    int pitch, int lane, int64_t slot) {
+  constexpr int P = CHUNKS > 2 ? 4 : CHUNKS, TPI = 32 / P;  // lanes per token, tokens per instr
+#pragma unroll
+  for (int r = 0; r < (16 + TPI - 1) / TPI; ++r) {
+    const int tk = r * TPI + lane / P, c = lane % P;
+    const int64_t s = __shfl_sync(0xffffffffu, slot, tk & 15);
+    if (c < CHUNKS && tk < 16) {
+      const uint8_t* src = base + row_off(s, row_stride) + c * CB;
+      cp_async_n<CB>(dk + tk * pitch + c * CB, src);
+      cp_async_n<CB>(dv + tk * pitch + c * CB, src + kv_stride);
+    }
+  }
+}
+
 __device__ __forceinline__ void issue_tile(const Args& A, int hk, uint32_t st, int lane,
                                            int64_t slot) {
   const int tok = lane & 15, half = lane >> 4;
-  const uint8_t* ac = A.ac + hk * A.ac_h + row_off(slot, A.ac_r);
   constexpr int CA = code_chunk<A_BITS>(), NA = code_bytes<A_BITS>() / CA;
-#pragma unroll
-  for (int c = 0; c < NA; c += 2) {
-    if (c + half < NA) {
-      cp_async_n<CA>(st + tok * BA + (c + half) * CA, ac + (c + half) * CA);
-      cp_async_n<CA>(st + OFF_VA + tok * BA + (c + half) * CA, ac + A.ac_kv + (c + half) * CA);
-    }
-  }
+  issue_codes<CA, NA>(A.ac + hk * A.ac_h, A.ac_r, A.ac_kv, st, st + OFF_VA, BA, lane, slot);
 #if R_BITS > 0
-  const uint8_t* rc = A.rc + hk * A.rc_h + row_off(slot, A.rc_r);
   constexpr int CR = code_chunk<R_BITS>(), NR = code_bytes<R_BITS>() / CR;
-#pragma unroll
-  for (int c = 0; c < NR; c += 2) {
-    if (c + half < NR) {
-      cp_async_n<CR>(st + OFF_KR + tok * BR + (c + half) * CR, rc + (c + half) * CR);
-      cp_async_n<CR>(st + OFF_VR + tok * BR + (c + half) * CR, rc + A.rc_kv + (c + half) * CR);
-    }
-  }
+  issue_codes<CR, NR>(A.rc + hk * A.rc_h, A.rc_r, A.rc_kv, st + OFF_KR, st + OFF_VR, BR, lane,
+                      slot);
 #endif
 #if HAS_COEF
   {  // the aligned word holding this token's K (half 0) or V (half 1) coefficient
