@@ -390,31 +390,43 @@ __device__ __forceinline__ void issue_so(uint32_t dst, const uint8_t* so) {
 #endif
 }
 
-// Gather tile [n, n + 16) of this warp into the stage at shared address st. Lane: token
-// lane & 15, half lane >> 4 (alternate code chunks; (scale, offset) rows and coefficients:
-// half 0 the anchor's / K's, half 1 the residual's / V's). slot: this lane's token's pool row
-// (0 past hi).
 // Copy the codes of one kind (K and V of the anchor or the residual) of the tile's 16 tokens:
-// CHUNKS cp.async chunks of CB bytes per token, lanes chunk-fastest, so one instruction reads
-// whole token rows (32 / P tokens of P lanes, P = CHUNKS rounded up to a power of two): one
-// L2 request per token row rather than one per 32-byte sector of it. slot: the pool row of token
-// lane & 15 (moved to the lanes copying it by shuffles).
+// CHUNKS cp.async chunks of CB bytes per token. slot: the pool row of token lane & 15. Up to 2
+// chunks, lane (token, chunk) = (lane & 15, lane >> 4): one instruction per K or V. More (48 or
+// 64 bytes per token), lanes chunk-fastest, 8 tokens of 4 lanes per instruction, so one
+// instruction reads whole token rows instead of the same 32 bytes of 16 rows; their pool rows
+// come by shuffles. Same lease against lanes token-fastest
+// (`benchmarks/results/h200_2026-12-03f_coalesce_ab.json`): Huginn 1.05-1.10x, Ouro batch 1-16
+// 1.02-1.05x.
 template <int CB, int CHUNKS> __device__ __forceinline__ void issue_codes(
     const uint8_t* base, int64_t row_stride, int64_t kv_stride, uint32_t dk, uint32_t dv,
     int pitch, int lane, int64_t slot) {
-  constexpr int P = CHUNKS > 2 ? 4 : CHUNKS, TPI = 32 / P;  // lanes per token, tokens per instr
-#pragma unroll
-  for (int r = 0; r < (16 + TPI - 1) / TPI; ++r) {
-    const int tk = r * TPI + lane / P, c = lane % P;
-    const int64_t s = __shfl_sync(0xffffffffu, slot, tk & 15);
-    if (c < CHUNKS && tk < 16) {
-      const uint8_t* src = base + row_off(s, row_stride) + c * CB;
+  if constexpr (CHUNKS <= 2) {
+    const int tk = lane & 15, c = lane >> 4;
+    if (c < CHUNKS) {
+      const uint8_t* src = base + row_off(slot, row_stride) + c * CB;
       cp_async_n<CB>(dk + tk * pitch + c * CB, src);
       cp_async_n<CB>(dv + tk * pitch + c * CB, src + kv_stride);
+    }
+  } else {
+    static_assert(CHUNKS <= 4, "at most 4 chunks per token");
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int tk = 8 * r + lane / 4, c = lane % 4;
+      const int64_t s = __shfl_sync(0xffffffffu, slot, tk);
+      if (c < CHUNKS) {
+        const uint8_t* src = base + row_off(s, row_stride) + c * CB;
+        cp_async_n<CB>(dk + tk * pitch + c * CB, src);
+        cp_async_n<CB>(dv + tk * pitch + c * CB, src + kv_stride);
+      }
     }
   }
 }
 
+// Gather tile [n, n + 16) of this warp into the stage at shared address st. Codes: issue_codes.
+// (scale, offset) rows and coefficients: lane token lane & 15, half lane >> 4 (half 0 the
+// anchor's / K's, half 1 the residual's / V's). slot: the pool row of token lane & 15 (0 past
+// hi).
 __device__ __forceinline__ void issue_tile(const Args& A, int hk, uint32_t st, int lane,
                                            int64_t slot) {
   const int tok = lane & 15, half = lane >> 4;
