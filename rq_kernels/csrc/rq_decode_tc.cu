@@ -396,8 +396,8 @@ __device__ __forceinline__ void issue_so(uint32_t dst, const uint8_t* so) {
 // 64 bytes per token), lanes chunk-fastest, 8 tokens of 4 lanes per instruction, so one
 // instruction reads whole token rows instead of the same 32 bytes of 16 rows; their pool rows
 // come by shuffles. Same lease against lanes token-fastest
-// (`benchmarks/results/h200_2026-12-03f_coalesce_ab.json`): Huginn 1.05-1.10x, Ouro batch 1-16
-// 1.02-1.05x.
+// (`benchmarks/results/h200_2026-12-03f_coalesce_ab.json`, v2): Huginn 1.06-1.08x, Ouro batch
+// 1-4 1.04-1.06x, batch 13-64 1.01-1.02x per call.
 template <int CB, int CHUNKS> __device__ __forceinline__ void issue_codes(
     const uint8_t* base, int64_t row_stride, int64_t kv_stride, uint32_t dk, uint32_t dv,
     int pitch, int lane, int64_t slot) {
