@@ -75,7 +75,6 @@ class DecodeLaunch:
                              f"got {self.split_kernel!r}")
 
 
-@lru_cache(maxsize=8)
 def merge_shape(rows: int, padded_dim: int, rotated: bool) -> tuple[int, int, int]:
     """``rq_decode_merge_kernel``'s ``(BLOCK_M, SPLITS_PER_ITER, ROW_REPS)`` for ``rows`` (request,
     query head) rows (B x group) of ``padded_dim`` columns: few rows (small batch) take many
@@ -86,6 +85,7 @@ def merge_shape(rows: int, padded_dim: int, rotated: bool) -> tuple[int, int, in
     return block_m, per_iter, MMA_ROWS // block_m if rotated else 1
 
 
+@lru_cache(maxsize=8)
 def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
