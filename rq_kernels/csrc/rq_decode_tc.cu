@@ -362,11 +362,17 @@ static_assert(GQ * D * 2 <= STAGE_BYTES, "the query rows (bf16) fit one stage");
 template <int BITS> __host__ __device__ constexpr int code_bytes() { return HEAD_DIM * BITS / 8; }
 template <int BITS> __host__ __device__ constexpr int code_chunk() { return code_bytes<BITS>() % 16 == 0 ? 16 : 8; }
 
+// Every copy asks the L2 to fetch the whole aligned 128-byte block (.L2::128B): a warp's piece of
+// a pool row (one KV head's) is followed by the neighbouring heads', which the CTA's other warps
+// and the next CTA read in the same call. Same lease against no hint
+// (`benchmarks/results/h200_2026-12-03g_prefetch_ab.json`): Ouro batch 1-4 1.02-1.03x, Huginn
+// 4 x 8k 1.01x, batch 13-64 1.00x; .L2::256B the same.
 template <int BYTES> __device__ __forceinline__ void cp_async_n(uint32_t dst, const void* src) {
   if constexpr (BYTES == 16)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
   else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src), "n"(BYTES));
+    asm volatile("cp.async.ca.shared.global.L2::128B [%0], [%1], %2;\n" ::"r"(dst), "l"(src),
+                 "n"(BYTES));
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_wait() {
