@@ -67,8 +67,7 @@ def launch_kernel(kernel, grid: tuple[int, ...], args: tuple, consts: dict, **op
         kernel[grid](*args, **consts, **options)
         return
     dev = torch.cuda.current_device()
-    key = (kernel, tuple(consts.items()), tuple(options.items()), dev,
-           tuple(_arg_key(a) for a in args))
+    key = launch_key(kernel, args, consts, options, dev)
     hit = _LAUNCHES.get(key)
     if hit is None:
         compiled = kernel[grid](*args, **consts, **options)
@@ -81,6 +80,24 @@ def launch_kernel(kernel, grid: tuple[int, ...], args: tuple, consts: dict, **op
     g = (*grid, 1, 1)
     run(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(dev), function, metadata, None, None,
         None, *args, *tail)
+
+
+def launch_key(kernel, args: tuple, consts: dict, options: dict, dev: int) -> tuple:
+    """`launch_kernel`'s cache key: the kernel, its constexprs (by name, and those passed
+    positionally in ``args``, such as a pool tensor's head stride, by value: each value is a
+    different compiled kernel), the options, the device and the class of every runtime
+    argument (`_arg_key`)."""
+    pos = _constexpr_positions(kernel)
+    return (kernel, tuple(consts.items()), tuple(options.items()), dev,
+            tuple(_arg_key(a) for a in args), tuple(args[i] for i in pos if i < len(args)))
+
+
+@functools.cache
+def _constexpr_positions(kernel) -> tuple[int, ...]:
+    """Positions of ``kernel``'s ``tl.constexpr`` parameters in its signature (a JIT or an
+    interpreted function: both keep the Python function as ``fn``)."""
+    params = inspect.signature(kernel.fn).parameters.values()
+    return tuple(i for i, p in enumerate(params) if "constexpr" in str(p.annotation))
 
 
 @functools.cache

@@ -40,7 +40,7 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
 from rq_kernels import prepare_layers, stage_kv
 from rq_kernels.decode_tc import reserve_merge_counters
-from rq_kernels.view import CompressedLayerView
+from rq_kernels.view import CompressedLayerView, scale_offset_storage
 from sglang_rq import dispatch, metrics
 from sglang_rq.clipping import ClipCounter
 from sglang_rq.config import RQConfig
@@ -85,8 +85,8 @@ class StackBuffers:
             stack=stack,
             codes=[torch.zeros((n, rows, 2, h, s.code_bytes), dtype=torch.uint8, device=device)
                    for s in segs],
-            scale_offset=[torch.zeros((n, rows, 2, h, d // cfg.group_size, 2), dtype=torch.uint8,
-                                      device=device) if s.scale_offset_bytes else None
+            scale_offset=[scale_offset_storage(n, rows, h, d // cfg.group_size, device=device)
+                          if s.scale_offset_bytes else None
                           for s in segs],
             coef=[torch.zeros((n, rows, 2, h), dtype=torch.bfloat16, device=device)
                   if s.coef_bytes else None for s in segs],

@@ -192,8 +192,9 @@ def rq_commit_kernel(
     group's."""
     pid_t = tl.program_id(0)
     layer = (tl.program_id(1) // num_heads).to(tl.int64)  # layer strides may pass 2^31 in sum
-    head = tl.program_id(1) % num_heads
-    kv = tl.program_id(2) % 2
+    # int64: a head-major pool's head and K/V strides are rows x bytes (`scale_offset_storage`)
+    head = (tl.program_id(1) % num_heads).to(tl.int64)
+    kv = (tl.program_id(2) % 2).to(tl.int64)
     sel = tl.program_id(2) // 2  # PER_LOOP: the one loop this program stores
     tok = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     t_mask = tok < num_tokens

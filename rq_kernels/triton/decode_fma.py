@@ -303,11 +303,12 @@ def rq_decode_fma_split_kernel(
     acc = tl.zeros([BLOCK_N, NGP, G], tl.float32)
     acc_m = tl.zeros([BLOCK_N, NGP], tl.float32)
 
-    Ach = Ac + hk * s_ac_h
-    Asoh = Aso + hk * s_aso_h
-    Rch = Rc + hk * s_rc_h
-    Rsoh = Rso + hk * s_rso_h
-    Cfh = Cf + hk * s_cf_h
+    hk64 = hk.to(tl.int64)  # head-major pools: head strides of rows x bytes
+    Ach = Ac + hk64 * s_ac_h
+    Asoh = Aso + hk64 * s_aso_h
+    Rch = Rc + hk64 * s_rc_h
+    Rsoh = Rso + hk64 * s_rso_h
+    Cfh = Cf + hk64 * s_cf_h
     # register double buffer: tile i+1's loads are in flight during tile i
     t_mask, t_ka, t_va, t_kam, t_vam, t_kr, t_vr, t_krm, t_vrm, t_ck, t_cv = _load_tile(
         lo, hi, KvIndices, start, Ach, s_ac_r, s_ac_kv, Asoh, s_aso_r, s_aso_kv, Rch, s_rc_r,

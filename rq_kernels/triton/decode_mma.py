@@ -59,6 +59,7 @@ def rq_decode_mma_split_kernel(
     hk = tl.program_id(0)  # heads fastest: the Hkv programs of a (request, split) run together
     b = tl.program_id(1)  # and share the sectors / DRAM rows of their token rows
     split = tl.program_id(2)
+    hk64 = hk.to(tl.int64)  # head-major pools: head strides of rows x bytes
     start, lo, hi = split_range(KvIndptr, b, split, num_splits, BLOCK_N)
 
     # ---- rotated query, as [DP, R] block-diagonal bf16 and per-group sums [NGP, GQV]
@@ -95,20 +96,20 @@ def rq_decode_mma_split_kernel(
         n_mask = offs < hi
         slot = tl.load(KvIndices + start + offs, mask=n_mask, other=0)
         # small loads first (their latency overlaps the K unpacking), then the code tiles
-        mk_a = load_scale_offset_raw(Aso + hk * s_aso_h, slot, s_aso_r, n_mask, NG, NGP)
-        mv_a = load_scale_offset_raw(Aso + s_aso_kv + hk * s_aso_h, slot, s_aso_r, n_mask, NG, NGP)
+        mk_a = load_scale_offset_raw(Aso + hk64 * s_aso_h, slot, s_aso_r, n_mask, NG, NGP)
+        mv_a = load_scale_offset_raw(Aso + s_aso_kv + hk64 * s_aso_h, slot, s_aso_r, n_mask, NG, NGP)
         if R_BITS > 0:
-            mk_r = load_scale_offset_raw(Rso + hk * s_rso_h, slot, s_rso_r, n_mask, NG, NGP)
-            mv_r = load_scale_offset_raw(Rso + s_rso_kv + hk * s_rso_h, slot, s_rso_r, n_mask, NG,
+            mk_r = load_scale_offset_raw(Rso + hk64 * s_rso_h, slot, s_rso_r, n_mask, NG, NGP)
+            mv_r = load_scale_offset_raw(Rso + s_rso_kv + hk64 * s_rso_h, slot, s_rso_r, n_mask, NG,
                                          NGP)
         if HAS_COEF:
-            ck = tl.load(Cf + slot * s_cf_r + hk * s_cf_h, mask=n_mask, other=0.0)
-            cv = tl.load(Cf + s_cf_kv + slot * s_cf_r + hk * s_cf_h, mask=n_mask, other=0.0)
-        kc = load_rows(Ac + hk * s_ac_h, slot, s_ac_r, ca, n_mask, D * A_BITS // 8)
-        vc = load_rows(Ac + s_ac_kv + hk * s_ac_h, slot, s_ac_r, ca, n_mask, D * A_BITS // 8)
+            ck = tl.load(Cf + slot * s_cf_r + hk64 * s_cf_h, mask=n_mask, other=0.0)
+            cv = tl.load(Cf + s_cf_kv + slot * s_cf_r + hk64 * s_cf_h, mask=n_mask, other=0.0)
+        kc = load_rows(Ac + hk64 * s_ac_h, slot, s_ac_r, ca, n_mask, D * A_BITS // 8)
+        vc = load_rows(Ac + s_ac_kv + hk64 * s_ac_h, slot, s_ac_r, ca, n_mask, D * A_BITS // 8)
         if R_BITS > 0:
-            kr = load_rows(Rc + hk * s_rc_h, slot, s_rc_r, cr, n_mask, D * R_BITS // 8)
-            vr = load_rows(Rc + s_rc_kv + hk * s_rc_h, slot, s_rc_r, cr, n_mask, D * R_BITS // 8)
+            kr = load_rows(Rc + hk64 * s_rc_h, slot, s_rc_r, cr, n_mask, D * R_BITS // 8)
+            vr = load_rows(Rc + s_rc_kv + hk64 * s_rc_h, slot, s_rc_r, cr, n_mask, D * R_BITS // 8)
         # ---------------- K: per-group dots on tensor cores, scales on [N, groups]
         kc = codes_to_f16(kc, A_BITS, FAST)
         xa = tl.reshape(mma(kc, qbd, INTERP), [BLOCK_N, NGP, GQV])

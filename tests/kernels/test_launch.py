@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from rq_kernels._host import _arg_key
+from rq_kernels._host import _arg_key, launch_key
+from rq_kernels.triton.reconstruct import rq_reconstruct_kernel
 
 
 def test_tensors_keyed_by_dtype_and_alignment():
@@ -32,3 +33,17 @@ def test_tuples_keyed_by_their_items():
     a = torch.zeros(16, dtype=torch.bfloat16)
     assert _arg_key((a, 16)) == _arg_key((a[8:], 32))
     assert _arg_key((a, 16)) != _arg_key((a[1:], 16))
+
+
+def test_positional_constexprs_keyed_by_value():
+    # rq_reconstruct_kernel takes each pool tensor's head stride as a positional constexpr; a
+    # head-major pool's is rows x bytes, so two pools of other row counts need two kernels
+    # (one key would reuse the first pool's stride: out-of-bounds reads on the second)
+    def args(head_stride):
+        return (0, 64, 0, 4096, 128, 64, 0, 8, 131072, head_stride)
+    a, b = (launch_key(rq_reconstruct_kernel, args(h), {"D": 128}, {}, 0) for h in (16, 131088))
+    assert a != b
+    assert a == launch_key(rq_reconstruct_kernel, args(16), {"D": 128}, {}, 0)
+    # runtime ints stay keyed by class: a row count adds no entry
+    assert (launch_key(rq_reconstruct_kernel, (0, 17) + args(16)[2:], {}, {}, 0)
+            == launch_key(rq_reconstruct_kernel, (0, 33) + args(16)[2:], {}, {}, 0))
