@@ -1,0 +1,1 @@
+set -uo pipefail; SITE=/tmp/rq-site; [ -d $SITE/sglang ] || { mkdir -p $SITE && tar -xJf .gpu-bundle/sglang-rq-bundle.tar.xz -C $SITE; }; export TRITON_CACHE_DIR=/tmp/triton-cache PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$SITE; timeout 200 python scratch/ab24d.py 2>&1 | grep -E "AB|Error|error"
