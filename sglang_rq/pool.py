@@ -8,7 +8,9 @@ compressed row of a layer holds every loop):
 
 * ``codes[i]``  ``[L, rows, 2, H, code_bytes_i]`` uint8 — packed codes of loop i (K, V),
 * ``scale_offset[i]``  ``[L, rows, 2, H, D/g, 2]`` uint8 — FP8 e4m3fn (scale, offset),
-  quantized loops,
+  quantized loops; stored head-major where a row is a multiple of 4 bytes
+  (`rq_kernels.view.scale_offset_storage`: the CUDA decode kernel's warp then reads one head's
+  rows of 16 tokens as 128 contiguous bytes; docs/kernels.md, "Pool layout"),
 * ``coef[i]``   ``[L, rows, 2, H]`` bf16 — least-squares coefficient c_i, residual loops,
 * ``staging``   ``[G-1, L, staging_tokens, 2, H, D]`` model dtype — the in-flight K/V of the
   earlier loops of the current forward (G = loops per anchor group), committed when the group's
