@@ -32,7 +32,7 @@ def test_row_moves_through_the_logical_view():
     t = scale_offset_storage(2, 6, 3, 4, device="cpu")
     assert not t.any()
     t.copy_(torch.randint(0, 256, t.shape, dtype=torch.uint8))
-    before = t.contiguous()  # a plain token-major copy of every row
+    before = t.clone(memory_format=torch.contiguous_format)  # a plain token-major copy
     src, dst = torch.tensor([1, 4]), torch.tensor([5, 2])
     t[:, dst] = t[:, src]  # as the pool's move_kv_cache does
     # rows 5 and 2 now hold rows 1 and 4; every other row is as it was
