@@ -13,7 +13,12 @@ under `triton.testing.do_bench` (L2 flushed before each rep, median). RQ time pe
 (`sglang_rq.layout.decode_read_bytes_per_token` of one layer / loops x history tokens). Each
 family is first checked against the fp32 twin (flash-attn rule). ``--pdl-ab``: the tc kernel
 also launched without programmatic dependent launch (``tc_nopdl``; the default launches the
-rotation, split and merge kernels as dependents on sm_90+), same run. Writes
+rotation, split and merge kernels as dependents on sm_90+), same run. Row placement
+(`PLACED`, the JSON's ``placement`` rows): the default kernel over the same requests with their
+history on consecutive pool rows (a prefill allocated at once: every other row of this
+benchmark), on pages of 16 rows in random order, on rows interleaved with the batch's other
+requests (tokens decoded side by side at page size 1) and on scattered rows (page size 1 after
+the free list has churned); ``vs_consecutive`` = consecutive time / placed time. Writes
 ``DIR/bench_decode.json`` after every point; stops starting new points after ``--deadline``
 seconds.
 """
@@ -49,6 +54,9 @@ POINTS = [(1, 8192), (4, 8192), (2, 16384), (16, 16384), (4, 32768), (64, 8192)]
 MIXED = {"16 x 1k..16k": [1024 * (i + 1) for i in range(16)],
          "1 x 16k + 31 x 1k": [16384] + [1024] * 31,
          "4 x 32k + 60 x 2k": [32768] * 4 + [2048] * 60}  # a one-split plan
+# row placement of a request's history (batch, ctx): where SGLang's allocator puts the slots
+PLACED = [(2, 16384), (16, 16384), (64, 8192)]
+PLACEMENTS = ("consecutive", "pages16", "interleaved", "scattered")
 
 
 def inputs(view, hq, hkv, dim, b, ctx, seed=0):
@@ -68,6 +76,44 @@ def batch_inputs(view, hq, hkv, dim, lens, seed=0):
     kc = torch.randn(b, hkv, dim, device=DEV, generator=gen).to(torch.bfloat16)
     vc = torch.randn(b, hkv, dim, device=DEV, generator=gen).to(torch.bfloat16)
     return q, kc, vc, ind, idx
+
+
+def placed_rows(lens: list[int], rows: int, how: str, seed: int = 5) -> torch.Tensor:
+    """Pool rows (``int64 [sum(lens)]`` on ``DEV``, row 0 never used) of ``len(lens)`` requests'
+    histories, request after request, placed ``how`` (one of `PLACEMENTS`): ``consecutive``
+    (request i's tokens on one run of rows after request i-1's), ``pages16`` (16-row pages in a
+    random order, a request's tokens filling its pages), ``interleaved`` (token j of request i at
+    row ``1 + j * B + i``; equal lengths only) or ``scattered`` (a random sample of rows).
+    Raises ValueError if the pool has too few rows or ``how`` is unknown."""
+    b, n = len(lens), sum(lens)
+    if n > rows - 1:
+        raise ValueError(f"{n} tokens do not fit {rows} rows")
+    gen = torch.Generator().manual_seed(seed)
+    if how == "consecutive":
+        out = torch.arange(n) + 1
+    elif how == "pages16":
+        need = [(x + 15) // 16 for x in lens]
+        if sum(need) > (rows - 1) // 16:
+            raise ValueError(f"{sum(need)} pages of 16 do not fit {rows - 1} rows")
+        pages = torch.randperm((rows - 1) // 16, generator=gen)[:sum(need)]
+        parts, at = [], 0
+        for x, k in zip(lens, need):
+            j = torch.arange(x)
+            parts.append(1 + pages[at + j // 16] * 16 + j % 16)
+            at += k
+        out = torch.cat(parts)
+    elif how == "interleaved":
+        if len(set(lens)) != 1:
+            raise ValueError("interleaved rows need equal lengths")
+        j = torch.arange(lens[0])
+        out = torch.cat([1 + j * b + i for i in range(b)])
+    elif how == "scattered":
+        out = torch.randperm(rows - 1, generator=gen)[:n] + 1
+    else:
+        raise ValueError(f"unknown placement {how!r}; one of {PLACEMENTS}")
+    if int(out.max()) >= rows:  # interleaved rows run to B x the longest request
+        raise ValueError(f"{n} tokens placed {how} do not fit {rows} rows")
+    return out.to(DEV)
 
 
 def bytes_per_token_loop(cfg, hkv, dim, loops) -> float:
@@ -127,11 +173,15 @@ def main() -> None:
     if a.dry_run:
         fams = {"tiny": (2, 2, 64, [(2, 40)]), "tiny-gqa": (4, 2, 64, [(1, 33)])}
         mixed = {"40 + 3 + 17": [40, 3, 17]}
+        placed = [(2, 48)]
+    else:
+        placed = PLACED
     res = dict(gpu=torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu",
                triton=triton.__version__, date=time.strftime("%Y-%m-%d"),
-               copy_tbs=copy_bandwidth(), checks={}, points=[], mixed=[], skipped=[])
+               copy_tbs=copy_bandwidth(), checks={}, points=[], mixed=[], placement=[],
+               skipped=[])
     for fam, (hq, hkv, dim, points) in fams.items():
-        view = pool(cfg, hkv, dim, max([b * c for b, c in points] +
+        view = pool(cfg, hkv, dim, max([b * c for b, c in points + placed] +
                                        [sum(lens) for lens in mixed.values()]) + 2, loops)
         kernels = (["tc"] if DEV == "cuda" and tc_unsupported_reason(
             view, 0, hq // hkv, torch.device(DEV)) is None else []) + (
@@ -176,6 +226,22 @@ def main() -> None:
             print(f"{fam:12s} {name} (uniform: b={b} x {total // b}) | " + " | ".join(
                 f"{k} {row[k]['mixed_ms'] * 1e3:7.1f}us vs {row[k]['uniform_ms'] * 1e3:7.1f}us "
                 f"x{row[k]['balance']:.2f}" for k in kernels), flush=True)
+            write_json(res, a.out, "bench_decode.json")
+        for b, ctx in placed:
+            if time.time() - T0 > a.deadline:
+                res["skipped"].append(f"{fam} placement b={b} ctx={ctx}")
+                continue
+            q, kc, vc, ind, _ = inputs(view, hq, hkv, dim, b, ctx)
+            row = dict(family=fam, batch=b, ctx=ctx, kernel=kernels[0])
+            for how in PLACEMENTS:
+                idx = placed_rows([ctx] * b, view.codes[0].shape[0], how)
+                _, row[how + "_ms"] = time_loops(DecodeLaunch(split_kernel=kernels[0]), view, q,
+                                                 kc, vc, ind, idx, dim, loops)
+                row[how + "_vs_consecutive"] = row["consecutive_ms"] / row[how + "_ms"]
+            res["placement"].append(row)
+            print(f"{fam:12s} ctx={ctx:6d} b={b:3d} {kernels[0]} rows | " + " | ".join(
+                f"{how} {row[how + '_ms'] * 1e3:7.1f}us x{row[how + '_vs_consecutive']:.2f}"
+                for how in PLACEMENTS), flush=True)
             write_json(res, a.out, "bench_decode.json")
         del view
         if DEV == "cuda":

@@ -94,26 +94,3 @@ class CompressedLayerView:
     def rotation_cpu(self, like: torch.Tensor) -> torch.Tensor | None:
         """The rotation on ``like``'s device."""
         return None if self.rotation is None else self.rotation.to(like.device)
-
-
-def scale_offset_storage(layers: int, rows: int, num_kv_heads: int, groups: int, *,
-                         device: torch.device | str) -> torch.Tensor:
-    """Zeroed FP8 (scale, offset) storage for ``layers`` layers of one loop: the logical
-    ``[layers, rows, 2, num_kv_heads, groups, 2]`` uint8 tensor every launcher reads
-    (`CompressedLayerView.scale_offset` per layer), stored **head-major**,
-    ``[layers, 2, num_kv_heads, rows, groups, 2]``, where a row's ``2 * groups`` bytes are a
-    multiple of 4, else token-major (head_dim 96 at group 32: 6-byte rows, which the CUDA split
-    kernel copies as the aligned words holding them, so it needs a row stride that is a multiple
-    of 4).
-
-    Head-major puts a KV head's rows of consecutive pool rows next to each other: the CUDA
-    split kernel's warp reads one head's rows of 16 tokens, 128 contiguous bytes, instead of 16
-    sectors that the CTA's 4 warps (4 heads) share through L1. Same lease on the H200
-    (`benchmarks/results/h200_2026-12-03g_so_layout_ab.json`): see docs/kernels.md, "Pool
-    layout".
-    """
-    if (2 * groups) % 4:
-        return torch.zeros((layers, rows, 2, num_kv_heads, groups, 2), dtype=torch.uint8,
-                           device=device)
-    return torch.zeros((layers, 2, num_kv_heads, rows, groups, 2), dtype=torch.uint8,
-                       device=device).permute(0, 3, 1, 2, 4, 5)

@@ -8,9 +8,9 @@ compressed row of a layer holds every loop):
 
 * ``codes[i]``  ``[L, rows, 2, H, code_bytes_i]`` uint8 — packed codes of loop i (K, V),
 * ``scale_offset[i]``  ``[L, rows, 2, H, D/g, 2]`` uint8 — FP8 e4m3fn (scale, offset),
-  quantized loops; stored head-major where a row is a multiple of 4 bytes
-  (`rq_kernels.view.scale_offset_storage`: the CUDA decode kernel's warp then reads one head's
-  rows of 16 tokens as 128 contiguous bytes; docs/kernels.md, "Pool layout"),
+  quantized loops; token-major like every buffer here: a slot's bytes are together, so a
+  decode tile over scattered slots (page size 1 after churn) costs what it costs over
+  consecutive ones (docs/kernels.md, "Pool layout"),
 * ``coef[i]``   ``[L, rows, 2, H]`` bf16 — least-squares coefficient c_i, residual loops,
 * ``staging``   ``[G-1, L, staging_tokens, 2, H, D]`` model dtype — the in-flight K/V of the
   earlier loops of the current forward (G = loops per anchor group), committed when the group's
@@ -42,7 +42,7 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
 from rq_kernels import prepare_layers, stage_kv
 from rq_kernels.decode_tc import reserve_merge_counters
-from rq_kernels.view import CompressedLayerView, scale_offset_storage
+from rq_kernels.view import CompressedLayerView
 from sglang_rq import dispatch, metrics
 from sglang_rq.clipping import ClipCounter
 from sglang_rq.config import RQConfig
@@ -87,8 +87,8 @@ class StackBuffers:
             stack=stack,
             codes=[torch.zeros((n, rows, 2, h, s.code_bytes), dtype=torch.uint8, device=device)
                    for s in segs],
-            scale_offset=[scale_offset_storage(n, rows, h, d // cfg.group_size, device=device)
-                          if s.scale_offset_bytes else None
+            scale_offset=[torch.zeros((n, rows, 2, h, d // cfg.group_size, 2), dtype=torch.uint8,
+                                      device=device) if s.scale_offset_bytes else None
                           for s in segs],
             coef=[torch.zeros((n, rows, 2, h), dtype=torch.bfloat16, device=device)
                   if s.coef_bytes else None for s in segs],

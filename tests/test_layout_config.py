@@ -105,10 +105,10 @@ def test_pool_allocates_exactly_bytes_per_token_times_rows():
                device="cpu", enable_memory_saver=False)
     assert pool.compressed_nbytes() == kv_bytes_per_token(shape, cfg) * (37 + 1)
     assert pool.fixed_nbytes() == staging_bytes(shape, cfg, staging_tokens=20) + 3 * 2 * 64 * 64 * 4
-    # (scale, offset) rows head-major (docs/kernels.md, "Pool layout"): 2 groups of 32 = 4-byte
-    # rows, a head's rows of consecutive slots adjacent; per layer [rows=38, 2, H=2, 2, 2]
+    # (scale, offset) rows token-major (docs/kernels.md, "Pool layout"): a slot's 2 x H=2 x 2
+    # groups x 2 bytes = 16 bytes together, [layers=3, rows=38, 2, 2, 2, 2] contiguous
     so = pool.stacks["looped"].scale_offset[0]
-    assert so.shape == (3, 38, 2, 2, 2, 2) and so.stride() == (2 * 2 * 38 * 4, 4, 2 * 38 * 4, 38 * 4, 2, 1)
+    assert so.shape == (3, 38, 2, 2, 2, 2) and so.stride() == (38 * 16, 16, 8, 4, 2, 1)
     # A forward saves every slot: loops 0..2 are staged, loop 3 commits (a forward of at most
     # staging/2 tokens commits every layer at the last layer). Read back layer 1: loop 3 is the
     # INT4 anchor (~10% error).

@@ -192,7 +192,7 @@ def rq_commit_kernel(
     group's."""
     pid_t = tl.program_id(0)
     layer = (tl.program_id(1) // num_heads).to(tl.int64)  # layer strides may pass 2^31 in sum
-    # int64: a head-major pool's head and K/V strides are rows x bytes (`scale_offset_storage`)
+    # int64: a head-major view's head and K/V strides are rows x bytes
     head = (tl.program_id(1) % num_heads).to(tl.int64)
     kv = (tl.program_id(2) % 2).to(tl.int64)
     sel = tl.program_id(2) // 2  # PER_LOOP: the one loop this program stores

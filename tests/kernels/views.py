@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from rq_kernels.view import CompressedLayerView, scale_offset_storage
+from rq_kernels.view import CompressedLayerView
 from sglang_rq.config import RQConfig
 from sglang_rq.layout import ModelKVShape, loop_segments
 from sglang_rq.rotation import hadamard_matrix
@@ -24,8 +24,7 @@ def make_view(cfg: RQConfig, *, num_loops: int, num_kv_heads: int, head_dim: int
 
     ``rotation``: ``"cfg"`` builds the normalised Hadamard when ``cfg.rotation != "none"``; a
     tensor ``[num_kv_heads, head_dim, head_dim]`` is used as is; None means no rotation.
-    ``head_major``: allocate codes (and scale_offset, which is head-major anyway where
-    `scale_offset_storage` says so) as ``[2, H, rows, ...]`` and return the same logical
+    ``head_major``: allocate codes/scale_offset as ``[2, H, rows, ...]`` and return the same logical
     ``[rows, 2, H, ...]`` views (each head's rows contiguous; an alternative pool layout).
     """
     shape = ModelKVShape(num_layers=1, num_loops=num_loops, num_kv_heads=num_kv_heads,
@@ -42,11 +41,9 @@ def make_view(cfg: RQConfig, *, num_loops: int, num_kv_heads: int, head_dim: int
             c = c.permute(1, 2, 0, 3).contiguous().permute(2, 0, 1, 3)
         codes.append(c.to(device))
         m = None
-        if s.scale_offset_bytes and head_major:
+        if s.scale_offset_bytes:
             m = torch.zeros(2, num_kv_heads, rows, ng, 2, dtype=torch.uint8, device=device)
-            m = m.permute(2, 0, 1, 3, 4)
-        elif s.scale_offset_bytes:  # the serving pool's storage
-            m = scale_offset_storage(1, rows, num_kv_heads, ng, device=device)[0]
+            m = m.permute(2, 0, 1, 3, 4) if head_major else m.permute(2, 0, 1, 3, 4).contiguous()
         scale_offset.append(m)
         coef.append(torch.zeros(rows, 2, num_kv_heads, dtype=torch.bfloat16, device=device)
                     if s.coef_bytes else None)
