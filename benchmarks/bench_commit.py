@@ -2,10 +2,12 @@
 
 ``python benchmarks/bench_commit.py --out DIR [--dry-run]``
 
-For each model shape: the commit of ``tokens`` new tokens (all loops, one layer) under each
-variant of `rq_kernels.commit.commit` (``VARIANTS``), and BF16 prefill of the same layer: one
-causal SDPA per loop and, for Ouro-1.4B, the layer's GEMMs per loop (QKV, O, gate/up, down). The
-issue's target is commit <= 10 % of prefill: ``commit / (loops x (SDPA + GEMMs))``.
+For each model's layer (`LAYERS`: Ouro-1.4B, SmolLM2-135M, Huginn-3.5B's core layer): the commit
+of ``tokens`` new tokens (all loops, one layer) under each variant of `rq_kernels.commit.commit`
+(``VARIANTS``), and BF16 prefill of the same layer: per loop one causal SDPA and the layer's GEMMs
+(QKV, O, gate/up, down). The issue's target is commit <= 10 % of prefill:
+``commit / (loops x (SDPA + GEMMs))``. (Before 2026-12-03h only the Ouro row had GEMMs and the
+Huginn row was a 24-head stand-in: `benchmarks/results/h200_2026-12-03g_so_layout_ab.json`.)
 CUDA-graph replay, `do_bench` median. Writes ``DIR/bench_commit.json``.
 """
 
@@ -21,10 +23,19 @@ if "--dry-run" in sys.argv:
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import DEV, FAMILIES, bench, pool, sdpa_time  # noqa: E402
+from benchmarks.common import DEV, bench, pool, sdpa_time  # noqa: E402
 from benchmarks.common import bench_args, write_json  # noqa: E402
 from rq_kernels.commit import CommitLaunch, commit  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
+
+# name: (query heads, KV heads, head_dim, hidden, MLP intermediate) of one layer, from the models'
+# configs (docs/models.md; ../shared/DESIGN.md): QKV [hidden, (Hq + 2 Hkv) D], O [Hq D, hidden],
+# gate/up [hidden, 2 I], down [I, hidden]
+LAYERS = {
+    "ouro-1.4b": (16, 16, 128, 2048, 5632),
+    "smollm2-135m": (9, 3, 64, 576, 1536),
+    "huginn-3.5b": (55, 55, 96, 5280, 17920),
+}
 
 VARIANTS = {  # CommitLaunch sweeps; the closed variants (IEEE division, per-loop rotation
     # loads: 572 / 515 / 469 us against 242 us for Ouro at 4k) are in
@@ -78,7 +89,11 @@ def main() -> None:
     tokens = 40 if a.dry_run else a.tokens
     res = dict(gpu=torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu",
                date=time.strftime("%Y-%m-%d"), tokens=tokens, variants=VARIANTS, rows=[])
-    for fam, (hq, hkv, dim) in FAMILIES.items():
+    layers = LAYERS
+    if a.dry_run:  # the interpreter: tiny layers of each head_dim and head ratio
+        layers = {"tiny": (2, 2, 128, 256, 512), "tiny-gqa": (3, 1, 64, 192, 384),
+                  "tiny-d96": (2, 2, 96, 192, 384)}
+    for fam, (hq, hkv, dim, hidden, inter) in layers.items():
         view = pool(RQConfig(), hkv, dim, tokens + 2)
         loops = len(view.segments)
         k = torch.randn(loops, tokens, hkv, dim, device=DEV, dtype=torch.bfloat16)
@@ -86,15 +101,18 @@ def main() -> None:
         loc = torch.arange(tokens, device=DEV) + 1
         q = torch.randn(1, hq, tokens, dim, device=DEV, dtype=torch.bfloat16)
         kk = torch.randn(1, hkv, tokens, dim, device=DEV, dtype=torch.bfloat16)
-        row = dict(family=fam, sdpa_causal_ms=sdpa_time(q, kk, kk, causal=True)[0])
-        prefill = loops * row["sdpa_causal_ms"]
-        if fam == "ouro-1.4b":
-            x = torch.randn(tokens, 2048, device=DEV, dtype=torch.bfloat16)
-            ws = [torch.randn(2048, n, device=DEV, dtype=torch.bfloat16) for n in (6144, 2048, 11264)]
-            wd = torch.randn(5632, 2048, device=DEV, dtype=torch.bfloat16)
-            h = torch.randn(tokens, 5632, device=DEV, dtype=torch.bfloat16)
-            row["gemms_ms"] = bench(lambda: [x @ w for w in ws] + [h @ wd])  # noqa: B023
-            prefill = loops * (row["sdpa_causal_ms"] + row["gemms_ms"])
+        row = dict(family=fam, layer=dict(zip(("hq", "hkv", "dim", "hidden", "inter"),
+                                              layers[fam])),
+                   sdpa_causal_ms=sdpa_time(q, kk, kk, causal=True)[0])
+        x = torch.randn(tokens, hidden, device=DEV, dtype=torch.bfloat16)
+        ws = [torch.randn(hidden, n, device=DEV, dtype=torch.bfloat16)
+              for n in ((hq + 2 * hkv) * dim, 2 * inter)]
+        wo = torch.randn(hq * dim, hidden, device=DEV, dtype=torch.bfloat16)
+        o = torch.randn(tokens, hq * dim, device=DEV, dtype=torch.bfloat16)
+        wd = torch.randn(inter, hidden, device=DEV, dtype=torch.bfloat16)
+        h = torch.randn(tokens, inter, device=DEV, dtype=torch.bfloat16)
+        row["gemms_ms"] = bench(lambda: [x @ w for w in ws] + [o @ wo, h @ wd])  # noqa: B023
+        prefill = loops * (row["sdpa_causal_ms"] + row["gemms_ms"])
         row["prefill_ms"] = prefill
         for name, kw in VARIANTS.items():
             ms = bench(lambda: commit(k, v, loc, view, launch=CommitLaunch(**kw)))  # noqa: B023
