@@ -303,7 +303,7 @@ def rq_decode_fma_split_kernel(
     acc = tl.zeros([BLOCK_N, NGP, G], tl.float32)
     acc_m = tl.zeros([BLOCK_N, NGP], tl.float32)
 
-    hk64 = hk.to(tl.int64)  # head-major pools: head strides of rows x bytes
+    hk64 = hk.to(tl.int64)  # head-major views: head strides of rows x bytes
     Ach = Ac + hk64 * s_ac_h
     Asoh = Aso + hk64 * s_aso_h
     Rch = Rc + hk64 * s_rc_h

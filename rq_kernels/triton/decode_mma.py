@@ -59,7 +59,7 @@ def rq_decode_mma_split_kernel(
     hk = tl.program_id(0)  # heads fastest: the Hkv programs of a (request, split) run together
     b = tl.program_id(1)  # and share the sectors / DRAM rows of their token rows
     split = tl.program_id(2)
-    hk64 = hk.to(tl.int64)  # head-major pools: head strides of rows x bytes
+    hk64 = hk.to(tl.int64)  # head-major views: head strides of rows x bytes
     start, lo, hi = split_range(KvIndptr, b, split, num_splits, BLOCK_N)
 
     # ---- rotated query, as [DP, R] block-diagonal bf16 and per-group sums [NGP, GQV]

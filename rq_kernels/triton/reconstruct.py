@@ -35,7 +35,7 @@ def rq_reconstruct_kernel(
     A_BITS: tl.constexpr, R_BITS: tl.constexpr, HAS_COEF: tl.constexpr,
     BLOCK_N: tl.constexpr, INTERP: tl.constexpr,
 ):
-    hk = tl.program_id(1).to(tl.int64)  # head-major pools: head and K/V strides of rows x bytes
+    hk = tl.program_id(1).to(tl.int64)  # head-major views: head and K/V strides of rows x bytes
     kv = tl.program_id(2).to(tl.int64)
     offs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs < n

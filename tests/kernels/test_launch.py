@@ -37,7 +37,7 @@ def test_tuples_keyed_by_their_items():
 
 def test_positional_constexprs_keyed_by_value():
     # rq_reconstruct_kernel takes each pool tensor's head stride as a positional constexpr; a
-    # head-major pool's is rows x bytes, so two pools of other row counts need two kernels
+    # head-major view's is rows x bytes, so two views of other row counts need two kernels
     # (one key would reuse the first pool's stride: out-of-bounds reads on the second)
     def args(head_stride):
         return (0, 64, 0, 4096, 128, 64, 0, 8, 131072, head_stride)
