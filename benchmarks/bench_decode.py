@@ -11,7 +11,9 @@ time / mixed time: 1.0 where a long request does not stretch the call). Timing: 
 under `triton.testing.do_bench` (L2 flushed before each rep, median). RQ time per layer-loop =
 (3 x residual loop + 1 x anchor loop) / 4 for 4 loops; TB/s counts compressed bytes
 (`sglang_rq.layout.decode_read_bytes_per_token` of one layer / loops x history tokens). Each
-family is first checked against the fp32 twin (flash-attn rule). ``--pdl-ab``: the tc kernel
+family is first checked against the fp32 twin (flash-attn rule). The speed of light of each
+point (the JSON's ``read``; ``vs_read`` = its time / the kernel's): the fastest pure read
+(`common.read_roofline`: one launch, timed the same way) of the bytes each loop's call reads. ``--pdl-ab``: the tc kernel
 also launched without programmatic dependent launch (``tc_nopdl``; the default launches the
 rotation, split and merge kernels as dependents on sm_90+), same run. Row placement
 (`PLACED`, the JSON's ``placement`` rows): the default kernel over the same requests with their
@@ -37,14 +39,16 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import (  # noqa: E402
-    DEV, FAMILIES, bench, bench_args, copy_bandwidth, pool, sdpa_time, write_json,
+    DEV, FAMILIES, bench, bench_args, copy_bandwidth, pool, read_roofline, sdpa_time, write_json,
 )
 from rq_kernels import decode_attention  # noqa: E402
 from rq_kernels.decode import DecodeLaunch, fma_unsupported_reason  # noqa: E402
 from rq_kernels.decode_tc import tc_unsupported_reason  # noqa: E402
 from rq_kernels.testing import attention_errors, within_policy  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
-from sglang_rq.layout import ModelKVShape, decode_read_bytes_per_token  # noqa: E402
+from sglang_rq.layout import (  # noqa: E402
+    ModelKVShape, decode_read_bytes_per_token, loop_read_nbytes, loop_segments,
+)
 from sglang_rq.reference import decode_attention_reference, dequantize_rows_reference  # noqa: E402
 
 T0 = time.time()
@@ -121,6 +125,23 @@ def bytes_per_token_loop(cfg, hkv, dim, loops) -> float:
     return decode_read_bytes_per_token(shape, cfg) / loops
 
 
+def loop_bytes_per_token(cfg, hkv, dim, loops, loop) -> int:
+    """Bytes the decode of ``loop`` reads per history token of one layer (all KV heads, K and V)."""
+    shape = ModelKVShape(num_layers=1, num_loops=loops, num_kv_heads=hkv, head_dim=dim)
+    return loop_read_nbytes(loop_segments(shape, cfg), loop) * 2 * hkv
+
+
+def time_reads(buf, cfg, hkv, dim, tokens, loops) -> dict:
+    """The speed of light of the decode calls over ``tokens`` history tokens: the fastest pure
+    read (`read_roofline`) of the bytes the residual loop and the anchor loop read, averaged
+    over the loops as `time_loops` does."""
+    t = {}
+    for loop in (0, loops - 1):
+        t[loop], arm = read_roofline(buf, loop_bytes_per_token(cfg, hkv, dim, loops, loop) * tokens)
+    avg = ((loops - 1) * t[0] + t[loops - 1]) / loops
+    return dict(resid_ms=t[0], anchor_ms=t[loops - 1], avg_ms=avg, arm=arm)
+
+
 def time_loops(launch, view, q, kc, vc, ind, idx, dim, loops) -> tuple[dict, float]:
     out = torch.empty_like(q)
     res = {}
@@ -187,6 +208,9 @@ def main() -> None:
             view, 0, hq // hkv, torch.device(DEV)) is None else []) + (
             ["fma"] if fma_unsupported_reason(view, hq // hkv) is None else []) + ["mma"]
         res["checks"][fam] = check(view, hq, hkv, dim, *points[0], loops, kernels)
+        read_buf = torch.empty(max(b * c for b, c in points) * max(
+            loop_bytes_per_token(cfg, hkv, dim, loops, u) for u in range(loops)),
+            dtype=torch.uint8, device=DEV)
         for b, ctx in points:
             if time.time() - T0 > a.deadline:
                 res["skipped"].append(f"{fam} b={b} ctx={ctx}")
@@ -195,18 +219,23 @@ def main() -> None:
             by = bytes_per_token_loop(cfg, hkv, dim, loops) * ctx * b
             qs = torch.randn(b, hq, 1, dim, device=DEV, dtype=torch.bfloat16)
             ks = torch.randn(b, hkv, ctx + 1, dim, device=DEV, dtype=torch.bfloat16)
-            row = dict(family=fam, batch=b, ctx=ctx, sdpa_ms=sdpa_time(qs, ks, ks)[0])
+            row = dict(family=fam, batch=b, ctx=ctx, sdpa_ms=sdpa_time(qs, ks, ks)[0],
+                       read=time_reads(read_buf, cfg, hkv, dim, b * ctx, loops))
+            row["read"]["tbs"] = by / row["read"]["avg_ms"] / 1e9
             arms = [(k, DecodeLaunch(split_kernel=k)) for k in kernels]
             if a.pdl_ab and "tc" in kernels:
                 arms.append(("tc_nopdl", DecodeLaunch(split_kernel="tc", pdl=False)))
             for name, launch in arms:
                 t, avg = time_loops(launch, view, q, kc, vc, ind, idx, dim, loops)
                 row[name] = dict(resid_ms=t[0], anchor_ms=t[loops - 1], avg_ms=avg,
-                                 tbs=by / avg / 1e9, vs_sdpa=row["sdpa_ms"] / avg)
+                                 tbs=by / avg / 1e9, vs_sdpa=row["sdpa_ms"] / avg,
+                                 vs_read=row["read"]["avg_ms"] / avg)
             res["points"].append(row)
-            print(f"{fam:12s} ctx={ctx:6d} b={b:3d} sdpa {row['sdpa_ms'] * 1e3:7.1f}us | " +
+            print(f"{fam:12s} ctx={ctx:6d} b={b:3d} sdpa {row['sdpa_ms'] * 1e3:7.1f}us | read "
+                  f"{row['read']['avg_ms'] * 1e3:7.1f}us {row['read']['tbs']:.2f}TB/s | " +
                   " | ".join(f"{k} {row[k]['avg_ms'] * 1e3:7.1f}us {row[k]['tbs']:.2f}TB/s "
-                             f"x{row[k]['vs_sdpa']:.2f}" for k, _ in arms), flush=True)
+                             f"x{row[k]['vs_sdpa']:.2f} ({row[k]['vs_read']:.2f} of read)"
+                             for k, _ in arms), flush=True)
             write_json(res, a.out, "bench_decode.json")
         for name, lens in mixed.items():
             if time.time() - T0 > a.deadline:
@@ -243,7 +272,7 @@ def main() -> None:
                 f"{how} {row[how + '_ms'] * 1e3:7.1f}us x{row[how + '_vs_consecutive']:.2f}"
                 for how in PLACEMENTS), flush=True)
             write_json(res, a.out, "bench_decode.json")
-        del view
+        del view, read_buf
         if DEV == "cuda":
             torch.cuda.empty_cache()
     res["elapsed_s"] = time.time() - T0

@@ -20,7 +20,9 @@ fits a 32 GiB budget and the whole card (free memory after weights minus a margi
 sized with `sglang_rq.layout` (the one owner of the byte counts). Also the same step without
 attention (``none``: ``attend`` returns q) at each of those batches: the part both arms share,
 so the attention time of each arm and the ceiling of RQ/BF16 (RQ attention taking no time) are
-printed and recorded (``parts_*``). Writes DIR/bench_decode_step.json.
+printed and recorded (``parts_*``). And the same step with each attention call replaced by a
+pure read of the bytes RQ's call reads (``read``, `ReadOnly`): ``ratio_read_*`` is the ratio an
+RQ attention at the memory roofline would reach. Writes DIR/bench_decode_step.json.
 """
 
 from __future__ import annotations
@@ -42,10 +44,12 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import graph_ms, realistic_pool  # noqa: E402
+from benchmarks.common import graph_ms, read_arms, read_roofline, realistic_pool  # noqa: E402
 from rq_kernels import commit_layers, decode_attention, prepare_layers, stage_kv  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
-from sglang_rq.layout import ModelKVShape, bf16_bytes_per_token, kv_bytes_per_token  # noqa: E402
+from sglang_rq.layout import (  # noqa: E402
+    ModelKVShape, bf16_bytes_per_token, kv_bytes_per_token, loop_read_nbytes, loop_segments,
+)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 T0 = time.time()
@@ -154,6 +158,26 @@ def layer_rows(view, rows: slice):
                                coef=[f if f is None else f[rows] for f in view.coef])
 
 
+class ReadOnly:
+    """Each attention call replaced by the fastest pure read (`common.read_roofline`, picked once
+    on layer 0's residual loop) of the bytes RQ's decode of that loop reads
+    (`layout.loop_read_nbytes` x KV heads x K and V x history tokens), from one buffer per
+    layer; no commit. The step of an RQ attention at the memory roofline."""
+
+    def __init__(self, s: Shape, b: int, ctx: int, cfg: RQConfig) -> None:
+        segs = loop_segments(ModelKVShape(1, s.loops, s.heads, s.dim), cfg)
+        per = [loop_read_nbytes(segs, u) * 2 * s.heads * b * ctx for u in range(s.loops)]
+        bufs = [torch.empty(max(per), dtype=torch.uint8, device=DEV) for _ in range(s.layers)]
+        _, self.arm = read_roofline(bufs[0], max(per))
+        self.reads = {(u, li): read_arms(bufs[li], per[u])[self.arm]
+                      for u in range(s.loops) for li in range(s.layers)}
+        self.bufs = bufs
+
+    def __call__(self, u, li, q, k, v):
+        self.reads[u, li]()
+        return q
+
+
 class NoAttention:
     """The step without attention (``attend`` returns q): the part both arms share, whose time
     bounds what a faster attention can gain."""
@@ -199,14 +223,16 @@ def main() -> None:
             gc.collect()  # a previous point's buffers, should anything still hold them
             torch.cuda.empty_cache()
         cache = (BF16Cache(s, b, ctx) if kind == "bf16" else
-                 NoAttention() if kind == "none" else RQCache(s, b, ctx, cfg))
+                 NoAttention() if kind == "none" else
+                 ReadOnly(s, b, ctx, cfg) if kind == "read" else RQCache(s, b, ctx, cfg))
+        arm = getattr(cache, "arm", None)
         try:
             ms = time_step(s, W, cache, b)
         finally:
             del cache
-        per = dict(bf16=bf16_tok, rq=rq_tok, none=0)[kind]
+        per = dict(bf16=bf16_tok, rq=rq_tok, read=rq_tok, none=0)[kind]
         rec = dict(kind=kind, batch=b, ctx=ctx, label=label, step_ms=ms, tokens_per_s=b / ms * 1e3,
-                   kv_gib=per * b * (ctx + 1) / GiB)
+                   kv_gib=per * b * (ctx + 1) / GiB, **({"read_arm": arm} if arm else {}))
         res["runs"].append(rec)
         print(f"{label:10s} {kind:4s} ctx={ctx:6d} b={b:3d}: step {ms:8.2f} ms, "
               f"{rec['tokens_per_s']:9.1f} tok/s, KV {rec['kv_gib']:.1f} GiB", flush=True)
@@ -216,7 +242,7 @@ def main() -> None:
 
     ctxs = [40] if a.dry_run else [4096, 16384]
     for ctx in ctxs:  # fixed batch 2
-        for kind in ("bf16", "rq"):
+        for kind in ("bf16", "rq", "read"):
             run(kind, 2, ctx, "fixed")
     ctx = ctxs[-1]
     budgets = {"32GiB": 32 * GiB}
@@ -232,6 +258,8 @@ def main() -> None:
             res[f"max_batch_{label}_{kind}"] = b
             if b >= 1:
                 run(kind, b, ctx, label)
+                if kind == "rq":
+                    run("read", b, ctx, label)
     # the step without attention, once per batch size measured (it does not depend on ctx)
     for b in sorted({r["batch"] for r in res["runs"]}):
         run("none", b, 0, "none")
@@ -242,8 +270,13 @@ def main() -> None:
         if bf and rq:
             ratio = rq["tokens_per_s"] / bf["tokens_per_s"]
             res[f"ratio_{key[0]}_{key[1]}"] = ratio
+            rd = rows.get(("read", *key))
+            if rd:  # the ratio an RQ attention at the memory roofline would reach
+                res[f"ratio_read_{key[0]}_{key[1]}"] = rd["tokens_per_s"] / bf["tokens_per_s"]
             print(f"{key[0]:6s} ctx={key[1]}: RQ/BF16 tokens/s = {ratio:.2f}x "
-                  f"(batch {rq['batch']} vs {bf['batch']})", flush=True)
+                  f"(batch {rq['batch']} vs {bf['batch']})" + (
+                      f"; attention as a pure read of RQ's bytes: "
+                      f"{res[f'ratio_read_{key[0]}_{key[1]}']:.2f}x" if rd else ""), flush=True)
             nb, nr = none.get(bf["batch"]), none.get(rq["batch"])
             if nb and nr:  # the ceiling: RQ's attention taking no time at all
                 part = dict(non_attention_ms_bf16_batch=nb["step_ms"],

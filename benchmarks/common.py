@@ -9,6 +9,7 @@ import time
 
 import torch
 import triton
+import triton.language as tl
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tests.kernels.views import make_view
@@ -50,6 +51,49 @@ def copy_bandwidth() -> float:
     ms = (triton.testing.do_bench(lambda: b.copy_(a), warmup=25, rep=100, return_mode="median")
           if DEV == "cuda" else bench(lambda: b.copy_(a)))
     return 2 * a.numel() / ms / 1e9
+
+
+@triton.jit
+def _stream_read_kernel(src, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + tl.program_id(0), tl.max(tl.load(src + offs, mask=offs < n, other=0), axis=0))
+
+
+# (int32 words per program, warps): the reader's shapes, the fastest of which is the yardstick
+READ_SHAPES = ((2048, 4), (4096, 4), (8192, 8), (16384, 8))
+
+
+def stream_reader(buf: torch.Tensor, nbytes: int, shape: tuple[int, int]):
+    """A launch that reads the first ``nbytes`` of ``buf`` (uint8, contiguous; rounded down to
+    whole 64-byte blocks) once, with one Triton program per ``shape[0]`` int32 words and
+    ``shape[1]`` warps, and writes one word per program: the pure memory traffic of a kernel
+    that reads those bytes. Raises ValueError if ``buf`` is shorter than ``nbytes``."""
+    if buf.numel() < nbytes:
+        raise ValueError(f"buffer of {buf.numel()} bytes is shorter than {nbytes}")
+    src = buf[:nbytes // 64 * 64].view(torch.int32)
+    block, warps = shape
+    grid = max(1, triton.cdiv(src.numel(), block))
+    out = torch.empty(grid, dtype=torch.int32, device=buf.device)
+    return lambda: _stream_read_kernel[(grid,)](src, out, src.numel(), BLOCK=block,
+                                                num_warps=warps)
+
+
+def read_roofline(buf: torch.Tensor, nbytes: int) -> tuple[float, str]:
+    """(ms, arm) of the fastest pure read of ``nbytes`` of ``buf`` under `bench` (graph replay,
+    L2 flushed): the `READ_SHAPES` readers and ``torch.sum`` of the bytes as int32 words. The
+    speed of light of a decode call that reads as many bytes in one launch."""
+    times = {name: bench(fn) for name, fn in read_arms(buf, nbytes).items()}
+    best = min(times, key=times.get)
+    return times[best], best
+
+
+def read_arms(buf: torch.Tensor, nbytes: int) -> dict:
+    """The pure reads of the first ``nbytes`` of ``buf`` that `read_roofline` times, by name: a
+    `stream_reader` per `READ_SHAPES` entry (``triton_<words>x<warps>``) and ``torch_sum``."""
+    src = buf[:nbytes // 64 * 64].view(torch.int32)
+    arms = {f"triton_{b}x{w}": stream_reader(buf, nbytes, (b, w)) for b, w in READ_SHAPES}
+    arms["torch_sum"] = lambda: src.sum()
+    return arms
 
 
 def pool(cfg, hkv, dim, rows, loops=4):

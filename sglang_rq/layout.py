@@ -442,12 +442,18 @@ def decode_read_bytes_per_token(shape: ModelKVShape, cfg: RQConfig) -> int:
     total = 0
     for st in kv_stacks(shape, cfg):
         segs = st.segments
-        per_head = 0
-        for s in segs:
-            loop = s
-            per_head += loop.nbytes
-            while loop.base != loop.loop_id:
-                loop = segs[loop.base]
-                per_head += loop.nbytes
+        per_head = sum(loop_read_nbytes(segs, s.loop_id) for s in segs)
         total += per_head * 2 * st.shape.num_kv_heads * st.shape.num_layers
     return total
+
+
+def loop_read_nbytes(segments: tuple[LoopSegment, ...], loop_id: int) -> int:
+    """Bytes the decode attention of loop ``loop_id`` reads per (token, layer, K-or-V, KV head)
+    from ``segments`` (`loop_segments`): its own segment plus, transitively, its base's (Ouro
+    default: a residual loop 42 + 72 = 114 B, the anchor loop 72 B)."""
+    loop = segments[loop_id]
+    n = loop.nbytes
+    while loop.base != loop.loop_id:
+        loop = segments[loop.base]
+        n += loop.nbytes
+    return n

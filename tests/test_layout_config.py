@@ -17,6 +17,7 @@ from sglang_rq.layout import (
     effective_bits,
     kv_bytes_per_token,
     kv_slot,
+    loop_read_nbytes,
     loop_segments,
     staged_loops,
     staging_bytes,
@@ -39,6 +40,14 @@ def test_ouro_1_4b_default_is_152064_bytes_per_token():
 def test_decode_reads_414_of_1024_bytes_per_token_head():
     per = decode_read_bytes_per_token(OURO_1_4B, RQConfig()) / (2 * 16 * 24)
     assert per == 3 * (72 + 42) + 72 == 414
+
+
+def test_loop_read_bytes_follow_the_base_chain():
+    segs = loop_segments(OURO_1_4B, RQConfig())
+    # residual loops read 42 B of their own and the anchor's 72 (DESIGN.md section 1)
+    assert [loop_read_nbytes(segs, i) for i in range(4)] == [114, 114, 114, 72]
+    first = loop_segments(OURO_1_4B, RQConfig(anchor="first"))
+    assert [loop_read_nbytes(first, i) for i in range(4)] == [72, 114, 114, 114]
 
 
 def test_disabled_format_is_bf16_and_other_formats():
