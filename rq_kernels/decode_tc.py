@@ -128,13 +128,42 @@ def width(head_dim: int) -> int:
     return next_pow2(head_dim)
 
 
-def stage_bytes(anchor_bits: int, residual_bits: int, head_dim: int) -> int:
+def stage_bytes(anchor_bits: int, residual_bits: int, head_dim: int, coop: bool = False) -> int:
     """Shared memory of one pipeline stage of one warp (the CUDA source's STAGE_BYTES): the codes
-    of K and V for 16 tokens at the kernel's `width` (head_dim 96: pitch 128, 96 copied), 4 x 16
-    (scale, offset) rows padded to 8 bytes, 2 x 16 32-bit words holding the K and V LSQ
-    coefficients."""
+    of K and V for 16 tokens at the kernel's `width` (head_dim 96: pitch 128, 96 copied) and,
+    unless ``coop`` (`coop_copies`), 4 x 16 (scale, offset) rows padded to 8 bytes and 2 x 16
+    32-bit words holding the K and V LSQ coefficients."""
     d = width(head_dim)
-    return 2 * TILE * (d * (anchor_bits + residual_bits) // 8) + 4 * TILE * 8 + 2 * TILE * 4
+    codes = 2 * TILE * (d * (anchor_bits + residual_bits) // 8)
+    return codes if coop else codes + 4 * TILE * 8 + 2 * TILE * 4
+
+
+def coop_small_bytes(head_dim: int, group_size: int) -> int:
+    """Shared memory of one stage's (scale, offset) rows and coefficients of a CTA's `WARPS` KV
+    heads where their warps copy them together (`coop_copies`; the source's SMALL_BYTES under
+    COOP): 4 kinds x 16 tokens x WARPS rows of 2 bytes per group, 2 x 16 x WARPS bf16."""
+    return 4 * TILE * WARPS * 2 * (width(head_dim) // group_size) + 2 * TILE * WARPS * 2
+
+
+def coop_copies(view: CompressedLayerView, loop_id: int) -> bool:
+    """Whether the `WARPS` warps of a CTA, `WARPS` adjacent KV heads of one split, copy the
+    (scale, offset) rows and LSQ coefficients of their tiles once for the CTA (the source's
+    COOP): where the KV heads come in whole CTAs and each token's rows of adjacent heads are one
+    span of its pool row (token-major rows, head stride = row bytes) that 16-byte copies reach
+    (rows, K/V and the tensor 16-byte aligned; coefficients 8-byte aligned, head stride 1), not
+    at head_dim 96. Otherwise every warp copies its own head's, and the CTA's warps share the
+    sectors through L1."""
+    _, aso, _, rso, cf, _, _ = _loop_tensors(view, loop_id)
+    hd = view.head_dim
+    sb = 2 * (width(hd) // view.cfg.group_size)  # (scale, offset) bytes per (token, head)
+    if hd == 96 or aso.shape[2] % WARPS or WARPS * sb % 16:
+        return False
+    for t in (aso, rso):
+        if t is not None and (t.stride(2) * t.element_size() != sb or t.data_ptr() % 16
+                              or any(x * t.element_size() % 16 for x in t.stride()[:2])):
+            return False
+    return cf is None or (cf.stride(2) == 1 and cf.data_ptr() % 8 == 0
+                          and not any(x * cf.element_size() % 8 for x in cf.stride()[:2]))
 
 
 def code_chunk(head_dim: int, bits: int) -> int:
@@ -318,11 +347,14 @@ def _variant(view: CompressedLayerView, loop_id: int, group: int,
     """The compile-time defines of the kernel serving ``loop_id`` in one `OCCUPANCY` shape and its
     dynamic shared memory per CTA (bytes)."""
     _, _, _, _, cf, a_bits, r_bits = _loop_tensors(view, loop_id)
+    coop = coop_copies(view, loop_id)
     defines = dict(HEAD_DIM=view.head_dim, A_BITS=a_bits, R_BITS=r_bits,
                    GS=view.cfg.group_size, GQ=group, HAS_COEF=int(cf is not None), WARPS=WARPS,
                    MINB=occupancy.ctas_per_sm, STAGES=occupancy.stages,
-                   SUBT=occupancy.subtiles)
-    return defines, WARPS * occupancy.stages * stage_bytes(a_bits, r_bits, view.head_dim)
+                   SUBT=occupancy.subtiles, COOP=int(coop))
+    small = occupancy.stages * coop_small_bytes(view.head_dim, view.cfg.group_size) if coop else 0
+    return defines, WARPS * occupancy.stages * stage_bytes(a_bits, r_bits, view.head_dim,
+                                                           coop) + small
 
 
 def balanced_rows(batch_size: int, splits: int) -> int:

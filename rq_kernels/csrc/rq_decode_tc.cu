@@ -350,11 +350,39 @@ struct Args {
 #define OFF_KR (2 * TILE * BA)
 #define OFF_VR (2 * TILE * BA + TILE * BR)
 #define OFF_SO (2 * TILE * (BA + BR))
-#define OFF_CF (OFF_SO + 4 * TILE * 8)
-#define STAGE_BYTES (OFF_CF + 2 * TILE * 4)
+// COOP (from the launcher, `decode_tc.coop_copies`): the CTA's WARPS warps are WARPS adjacent
+// KV heads of one split, whose (scale, offset) rows and coefficients lie side by side in each
+// token-major pool row; they are copied once per CTA into small data of their own
+// ([STAGES][SMALL_BYTES] after the warps' stages: rows [4 kinds][16][WARPS * SB], coefficients
+// [2 kinds][16][WARPS] bf16), warp w copying kind w, and the warps meet at a CTA barrier per
+// iteration. Without COOP each warp copies its own head's into its stage (rows padded to 8
+// bytes, each coefficient as the aligned word holding it) and the CTA's warps share those
+// sectors through L1 (38 % hit rate at 16 x 16k, 12-03f), the small copies being most of the
+// L2 requests. Same lease against per-warp copies, two reps
+// (`benchmarks/results/h200_2026-12-04_coop_ab.json`, Ouro): consecutive rows 1.00-1.05x
+// (64 x 8k 1.005-1.054x, 55 x 4k 1.03-1.04x, batch 1-4 1.01-1.03x), scattered rows 1.11-1.13x
+// (16 x 16k); decode step 32 GiB 3.15x against 3.13x, whole card 2.09x against 2.04x.
+#ifndef COOP
+#define COOP 0
+#endif
+#if COOP
+#define SO_PITCH (WARPS * SB)
+#define CF_PITCH (WARPS * 2)
+#define SMALL_BYTES (4 * TILE * SO_PITCH + 2 * TILE * CF_PITCH)
+#define STAGE_BYTES OFF_SO
+#else
+#define SO_PITCH 8
+#define CF_PITCH 4
+#define SMALL_BYTES (4 * TILE * SO_PITCH + 2 * TILE * CF_PITCH)
+#define STAGE_BYTES (OFF_SO + SMALL_BYTES)
+#endif
+#define OFF_CF (4 * TILE * SO_PITCH)  // in a stage's small data
 // WARPS (per CTA), STAGES (tile stages per warp) and MINB (CTAs per SM, __launch_bounds__)
-// come from the launcher, which passes WARPS * STAGES * STAGE_BYTES of dynamic shared memory.
+// come from the launcher, which passes WARPS * STAGES * STAGE_BYTES (+ STAGES * SMALL_BYTES,
+// COOP) of dynamic shared memory.
 static_assert(SB >= 4, "cp.async copies at least 4 bytes");
+static_assert(!COOP || (WARPS == 4 && HEAD_DIM != 96 && WARPS * SB % 16 == 0),
+              "COOP: 4 warps, one per (scale, offset) kind, copying whole 16-byte chunks");
 static_assert(GQ * D * 2 <= STAGE_BYTES, "the query rows (bf16) fit one stage");
 
 // The pool bytes of one (token, head)'s codes and the cp.async chunk they are copied in (the
@@ -435,6 +463,7 @@ template <int CB, int CHUNKS> __device__ __forceinline__ void issue_codes(
 // hi).
 __device__ __forceinline__ void issue_tile(const Args& A, int hk, uint32_t st, int lane,
                                            int64_t slot) {
+  const uint32_t sm = st + OFF_SO;  // the stage's small data (unused with COOP)
   const int tok = lane & 15, half = lane >> 4;
   constexpr int CA = code_chunk<A_BITS>(), NA = code_bytes<A_BITS>() / CA;
   issue_codes<CA, NA>(A.ac + hk * A.ac_h, A.ac_r, A.ac_kv, st, st + OFF_VA, BA, lane, slot);
@@ -443,25 +472,51 @@ __device__ __forceinline__ void issue_tile(const Args& A, int hk, uint32_t st, i
   issue_codes<CR, NR>(A.rc + hk * A.rc_h, A.rc_r, A.rc_kv, st + OFF_KR, st + OFF_VR, BR, lane,
                       slot);
 #endif
+#if COOP
+  (void)tok; (void)half; (void)sm;
+#else
 #if HAS_COEF
   {  // the aligned word holding this token's K (half 0) or V (half 1) coefficient
     const uint16_t* c = A.cf + hk * A.cf_h + half * A.cf_kv + row_off(slot, A.cf_r);
-    cp_async_n<4>(st + OFF_CF + (half * TILE + tok) * 4,
+    cp_async_n<4>(sm + OFF_CF + (half * TILE + tok) * 4,
                   reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(c) & ~uintptr_t(3)));
   }
 #endif
   if (half == 0) {
     const uint8_t* so = A.aso + hk * A.aso_h + row_off(slot, A.aso_r);
-    issue_so(st + OFF_SO + (0 * TILE + tok) * 8, so);
-    issue_so(st + OFF_SO + (1 * TILE + tok) * 8, so + A.aso_kv);
+    issue_so(sm + (0 * TILE + tok) * 8, so);
+    issue_so(sm + (1 * TILE + tok) * 8, so + A.aso_kv);
   } else {
 #if R_BITS > 0
     const uint8_t* so = A.rso + hk * A.rso_h + row_off(slot, A.rso_r);
-    issue_so(st + OFF_SO + (2 * TILE + tok) * 8, so);
-    issue_so(st + OFF_SO + (3 * TILE + tok) * 8, so + A.rso_kv);
+    issue_so(sm + (2 * TILE + tok) * 8, so);
+    issue_so(sm + (3 * TILE + tok) * 8, so + A.rso_kv);
 #endif
   }
+#endif
 }
+
+#if COOP
+// COOP: the (scale, offset) rows of the CTA's WARPS KV heads from hk0 (one WARPS * SB-byte span
+// of each token's pool row per kind) and their coefficients (WARPS bf16 per kind) for the tile
+// of this warp's slot (token lane & 15), into the stage's small data at sm. Warp w copies kind
+// w's rows (16-byte chunks, chunk lane >> 4), the last warp also the coefficients (kind lane >> 4).
+__device__ __forceinline__ void issue_small(const Args& A, int hk0, uint32_t sm, int warp,
+                                            int lane, int64_t slot) {
+  const int tok = lane & 15, half = lane >> 4;
+  constexpr int CHUNKS = WARPS * SB / 16;
+  if (half < CHUNKS && (R_BITS > 0 || warp < 2)) {
+    const uint8_t* so = warp < 2 ? A.aso + hk0 * A.aso_h + (warp & 1) * A.aso_kv + row_off(slot, A.aso_r)
+                                 : A.rso + hk0 * A.rso_h + (warp & 1) * A.rso_kv + row_off(slot, A.rso_r);
+    cp_async_n<16>(sm + (warp * TILE + tok) * SO_PITCH + half * 16, so + half * 16);
+  }
+#if HAS_COEF
+  if (warp == WARPS - 1)
+    cp_async_n<2 * WARPS>(sm + OFF_CF + (half * TILE + tok) * CF_PITCH,
+                          A.cf + hk0 * A.cf_h + half * A.cf_kv + row_off(slot, A.cf_r));
+#endif
+}
+#endif
 
 // Where a stage's (scale, offset) row of kind (0-3) starts in its 8 bytes: 0, except at
 // head_dim 96 (6-byte rows), where it is the pool row's address mod 4: the same for every token
@@ -485,25 +540,33 @@ __device__ __forceinline__ int64_t tile_slot(const Args& A, int64_t base, int n,
 // LSQ coefficient of token tok, kind 0 (K) or 1 (V), as fp32: the bf16 half of its word selected
 // by shift (16 when the value sits at an address = 2 mod 4; the launcher checks that the row
 // stride keeps this the same for every row).
-__device__ __forceinline__ float coef_of(const uint8_t* stp, int kind, int tok, int shift) {
-  const uint32_t w = *reinterpret_cast<const uint32_t*>(stp + OFF_CF + (kind * TILE + tok) * 4);
+// sp: the stage's small data plus, with COOP, this warp's head: 2 x its index (`cf_at`).
+__device__ __forceinline__ float coef_of(const uint8_t* sp, int kind, int tok, int shift) {
+#if COOP
+  (void)shift;
+  return __uint_as_float((uint32_t)*reinterpret_cast<const uint16_t*>(
+      sp + OFF_CF + (kind * TILE + tok) * CF_PITCH) << 16);
+#else
+  const uint32_t w = *reinterpret_cast<const uint32_t*>(sp + OFF_CF + (kind * TILE + tok) * 4);
   return __uint_as_float((w >> shift) << 16);
+#endif
 }
 
-// The (scale, offset) pair of group grp; off: `so_offset` of the kind.
-__device__ __forceinline__ uint16_t so_pair(const uint8_t* stp, int kind, int tok, int grp,
+// The (scale, offset) pair of group grp; off: `so_offset` of the kind; sp: the stage's small
+// data plus, with COOP, this warp's head: SB x its index (`so_at`).
+__device__ __forceinline__ uint16_t so_pair(const uint8_t* sp, int kind, int tok, int grp,
                                             int off) {
-  return *reinterpret_cast<const uint16_t*>(stp + OFF_SO + (kind * TILE + tok) * 8 + off + grp * 2);
+  return *reinterpret_cast<const uint16_t*>(sp + (kind * TILE + tok) * SO_PITCH + off + grp * 2);
 }
 
 // The (scale, offset) pairs of groups cg and cg + 1 (cg even) as one 32-bit word (head_dim 96:
 // group 3 is padding, its bits are whatever follows the row).
-__device__ __forceinline__ uint32_t so_word(const uint8_t* stp, int kind, int tok, int cg,
+__device__ __forceinline__ uint32_t so_word(const uint8_t* sp, int kind, int tok, int cg,
                                             int off) {
 #if HEAD_DIM == 96
-  return so_pair(stp, kind, tok, cg, off) | (uint32_t)so_pair(stp, kind, tok, cg + 1, off) << 16;
+  return so_pair(sp, kind, tok, cg, off) | (uint32_t)so_pair(sp, kind, tok, cg + 1, off) << 16;
 #else
-  return *reinterpret_cast<const uint32_t*>(stp + OFF_SO + (kind * TILE + tok) * 8 + cg * 2);
+  return *reinterpret_cast<const uint32_t*>(sp + (kind * TILE + tok) * SO_PITCH + cg * 2);
 #endif
 }
 
@@ -810,9 +873,9 @@ rq_decode_tc_split(const Args A) {
   const uint32_t kmagic = magic_bits<true>(), vmagic = magic_bits<false>();  // LOP3 operands
   const int g = lane >> 2, t = lane & 3;
   // this warp's (split, KV head) of request b, KV head fastest: the CTA's warps are adjacent
-  // units (adjacent KV heads of one split when num_kv_heads % 4 == 0), so the small per-token
-  // reads they share ((scale, offset) and coefficient sectors, the pool slots) come from L1
-  // after the first warp's miss
+  // units (adjacent KV heads of one split when num_kv_heads % 4 == 0: COOP copies their
+  // (scale, offset) rows and coefficients once for the CTA; otherwise those shared sectors and
+  // the pool slots come from L1 after the first warp's miss)
   const int num_kv_heads = A.num_qo_heads / GQ;
   const int unit = blockIdx.x * WARPS + warp;
   griddep_launch_dependents();
@@ -878,16 +941,33 @@ rq_decode_tc_split(const Args A) {
   float sw_r = 0.f;
 #endif
 
-  extern __shared__ __align__(16) uint8_t smem[];  // [WARPS][STAGES][STAGE_BYTES]
+  // [WARPS][STAGES][STAGE_BYTES] (+ [STAGES][SMALL_BYTES], COOP)
+  extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* wsm = smem + warp * (STAGES * STAGE_BYTES);
   const uint32_t wsa = (uint32_t)__cvta_generic_to_shared(wsm);
+#if COOP
+  const uint8_t* small0 = smem + WARPS * STAGES * STAGE_BYTES;  // stage 0's small data
+  constexpr int SMALL_STRIDE = SMALL_BYTES;
+  const int so_head = warp * SB, cf_head = warp * 2;
+  const int hk0 = hk - warp;  // the CTA's first KV head (num_kv_heads % WARPS == 0)
+#else
+  const uint8_t* small0 = wsm + OFF_SO;
+  constexpr int SMALL_STRIDE = STAGE_BYTES;
+  const int so_head = 0, cf_head = 0;
+#endif
+  const uint32_t small0a = (uint32_t)__cvta_generic_to_shared(small0);
   // tiles of this split, rounded up to whole iterations: a tile past hi is copied from pool row 0
   // (its tokens are masked; row 0 holds finite scales, unlike unwritten shared memory)
   const int ntiles = lo < hi ? (hi - lo + STEP - 1) / STEP * SUBT : 0;
 #pragma unroll
   for (int s = 0; s < STAGES - SUBT; ++s) {
-    if (s < ntiles)
-      issue_tile(A, hk, wsa + s * STAGE_BYTES, lane, tile_slot(A, base, lo + s * TILE, hi, lane));
+    if (s < ntiles) {
+      const int64_t slot = tile_slot(A, base, lo + s * TILE, hi, lane);
+      issue_tile(A, hk, wsa + s * STAGE_BYTES, lane, slot);
+#if COOP
+      issue_small(A, hk0, small0a + s * SMALL_STRIDE, warp, lane, slot);
+#endif
+    }
     cp_commit();
   }
   int64_t pslot[SUBT];  // pool rows of the next tiles to issue (loaded an iteration ahead)
@@ -1003,15 +1083,29 @@ rq_decode_tc_split(const Args A) {
   // which run once per iteration (max, rescale)
   for (int it = 0; it < ntiles; it += SUBT) {
     const uint8_t* stps[SUBT];
+    const uint8_t* sos[SUBT];  // the stages' (scale, offset) rows of this warp's head
+    const uint8_t* cfs[SUBT];  // the stages' coefficients of this warp's head
 #pragma unroll
-    for (int u = 0; u < SUBT; ++u) stps[u] = wsm + ((it + u) % STAGES) * STAGE_BYTES;
+    for (int u = 0; u < SUBT; ++u) {
+      stps[u] = wsm + ((it + u) % STAGES) * STAGE_BYTES;
+      sos[u] = small0 + ((it + u) % STAGES) * SMALL_STRIDE + so_head;
+      cfs[u] = small0 + ((it + u) % STAGES) * SMALL_STRIDE + cf_head;
+    }
     cp_wait<STAGES - 2 * SUBT>();
+#if COOP
+    __syncthreads();  // every warp's copies of these stages landed; the last ones' reads are done
+#else
     __syncwarp();
+#endif
 #pragma unroll
     for (int u = 0; u < SUBT; ++u) {  // into the stages the previous iteration read
       const int nt = it + STAGES - SUBT + u;
-      if (nt < ntiles)
+      if (nt < ntiles) {
         issue_tile(A, hk, wsa + (nt % STAGES) * STAGE_BYTES, lane, pslot[u]);
+#if COOP
+        issue_small(A, hk0, small0a + (nt % STAGES) * SMALL_STRIDE, warp, lane, pslot[u]);
+#endif
+      }
       cp_commit();
       pslot[u] = nt + SUBT < ntiles ? tile_slot(A, base, lo + (nt + SUBT) * TILE, hi, lane) : 0;
     }
@@ -1033,9 +1127,9 @@ rq_decode_tc_split(const Args A) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int tk = 8 * j + g;
-      const uint32_t ska = so_word(stp, 0, tk, cg, so_offset(A, hk, 0));
+      const uint32_t ska = so_word(sos[u], 0, tk, cg, so_offset(A, hk, 0));
 #if HAS_COEF
-      const float c_k = coef_of(stp, 0, tk, sh_k);
+      const float c_k = coef_of(cfs[u], 0, tk, sh_k);
 #else
       const float c_k = 1.f;
 #endif
@@ -1045,7 +1139,7 @@ rq_decode_tc_split(const Args A) {
         const float2 sa = fp8x2((uint16_t)(ska >> (16 * c)));
         float v = c_k * (sa.x * (xa[2 * j + c] - cf_a[c]) + sa.y * cq[c]);
 #if R_BITS > 0
-        const float2 sr = fp8x2((uint16_t)(so_word(stp, 2, tk, cg, so_offset(A, hk, 2)) >> (16 * c)));
+        const float2 sr = fp8x2((uint16_t)(so_word(sos[u], 2, tk, cg, so_offset(A, hk, 2)) >> (16 * c)));
         v += sr.x * (xr[2 * j + c] - cf_r[c]) + sr.y * cq[c];
 #endif
         acc += col_ok && (HEAD_DIM != 96 || cg + c < NGR) ? v : 0.f;  // 96: not group 3
@@ -1063,7 +1157,7 @@ rq_decode_tc_split(const Args A) {
         qk[u][i] = __shfl_sync(0xffffffffu, lg[u][i >> 1], 4 * (2 * t + (i & 1)) + src_t);
         if (!v_ok || PAD_ROW) qk[u][i] = -INFINITY;
 #if HAS_COEF
-        cvv[u][i] = coef_of(stps[u], 1, 2 * t + (i & 1) + 8 * (i >> 1), sh_v);
+        cvv[u][i] = coef_of(cfs[u], 1, 2 * t + (i & 1) + 8 * (i >> 1), sh_v);
 #else
         cvv[u][i] = 1.f;
 #endif
@@ -1116,15 +1210,15 @@ rq_decode_tc_split(const Args A) {
       const int tk = 2 * t + (i & 1) + 8 * (i >> 1);
 #if PAIRED && R_BITS > 0
       // the anchor's (kind 1, times c) or the residual's (kind 3) scale and offset
-      const float2 s = fp8x2(so_pair(stp, second ? 3 : 1, tk, PAD_ROW ? 0 : vgrp, so_v));
+      const float2 s = fp8x2(so_pair(sos[u], second ? 3 : 1, tk, PAD_ROW ? 0 : vgrp, so_v));
       const float pc = second ? p : p * cvv[u][i];
       wa[i] = pc * s.x;
       m_off += pc * s.y;
 #else
-      const float2 sa = fp8x2(so_pair(stp, 1, tk, PAD_ROW ? 0 : vgrp, so_v));
+      const float2 sa = fp8x2(so_pair(sos[u], 1, tk, PAD_ROW ? 0 : vgrp, so_v));
       wa[i] = p * cvv[u][i] * sa.x;
 #if R_BITS > 0
-      const float2 sr = fp8x2(so_pair(stp, 3, tk, PAD_ROW ? 0 : vgrp, so_offset(A, hk, 3)));
+      const float2 sr = fp8x2(so_pair(sos[u], 3, tk, PAD_ROW ? 0 : vgrp, so_offset(A, hk, 3)));
       wr[i] = p * sr.x;
       m_off += p * (cvv[u][i] * sa.y + sr.y);
 #else

@@ -160,6 +160,14 @@ TC_CASES = [  # the tensor-core CUDA split kernel, forced, on awkward sizes and 
     ("d96_gqa2_rand_a2", RQConfig(anchor_bits=2), 4, 3, 2, 96, [301, 5, 33], "rand", (0, 3)),
     ("d96_first_nolsq_r4", RQConfig(anchor="first", lsq=False, residual_bits=4), 3, 3, 1, 96,
      [50, 301], "cfg", (0, 2)),
+    # KV heads in whole CTAs of 4 (`decode_tc.coop_copies`): (scale, offset) rows and coefficients
+    # copied once per CTA; with ouro_tails: head_dim 64 (16-byte spans), 0-bit residual loops and
+    # group 64 at head_dim 128 (16-byte spans), no coefficients
+    ("coop_d64_gqa2_hkv8", RQConfig(), 4, 8, 2, 64, [1, 31, 1000, 0, 2049], "cfg", (0, 1, 3)),
+    ("coop_g64_r0_hkv4", RQConfig(group_size=64, loop_bits=(0, 2, 4)), 3, 4, 1, 128,
+     [21, 300, 17], "cfg", (0, 1, 2)),
+    ("coop_first_nolsq", RQConfig(anchor="first", lsq=False), 3, 4, 1, 128, [50, 301], "cfg",
+     (0, 2)),
 ]
 
 
@@ -177,6 +185,27 @@ def test_decode_tc_kernel(name, cfg, loops, hkv, group, dim, lens, rot, loop_ids
          launch=DecodeLaunch(split_kernel="tc"))
     _run(cfg, loops, hkv, group, dim, lens, rot, loop_ids, device, seed=24,
          launch=DecodeLaunch(split_kernel="tc", num_splits=3))
+
+
+def test_coop_copies_where_heads_fill_ctas_of_token_major_rows():
+    """The CTA-shared copies of (scale, offset) rows and coefficients (`decode_tc.coop_copies`)
+    are taken where the KV heads fill CTAs of 4 and a token's rows of adjacent heads are one span
+    (token-major), and nowhere else: 2 or 3 KV heads, head-major rows, head_dim 96."""
+    def coop(hkv, dim, head_major=False, loop=0):
+        view, *_ = build(RQConfig(), loops=4, num_kv_heads=hkv, group=1, dim=dim, lens=[3],
+                         rot="cfg", device="cpu", seed=1, head_major=head_major)
+        return decode_tc.coop_copies(view, loop)
+    assert coop(4, 128) and coop(16, 128) and coop(8, 64) and coop(4, 128, loop=3)
+    assert not coop(2, 128) and not coop(3, 64) and not coop(4, 96) and not coop(6, 128)
+    assert not coop(4, 128, head_major=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hkv,dim", [(4, 128), (8, 64)], ids=["d128", "d64"])
+def test_decode_tc_coop_head_major_pool(hkv, dim, device):
+    """The same heads on head-major rows take the per-warp copies and agree with the reference."""
+    _run(RQConfig(), 4, hkv, 1, dim, [33, 1000], "cfg", (0, 3), device, seed=27, head_major=True,
+         launch=DecodeLaunch(split_kernel="tc"))
 
 
 @pytest.mark.gpu

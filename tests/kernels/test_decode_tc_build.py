@@ -14,7 +14,8 @@ import pytest
 
 from rq_kernels import cuda
 from rq_kernels.decode_tc import (
-    HEAD_DIMS, OCCUPANCY, SOURCE, WARPS, _Args, stage_bytes, tc_occupancy, tc_plan, width,
+    HEAD_DIMS, OCCUPANCY, SOURCE, WARPS, _Args, coop_small_bytes, stage_bytes, tc_occupancy,
+    tc_plan, width,
 )
 
 TEXT = (cuda.CSRC / SOURCE).read_text()
@@ -44,10 +45,13 @@ def test_argument_struct_mirror_matches_the_cuda_source():
         assert pytype is want, f"{name}: C {ctype} vs ctypes {pytype}"
 
 
-def _eval_macro(name: str, env: dict) -> int:
+def _eval_macro(name: str, env: dict, coop: bool = False) -> int:
     """The source's macro ``name`` expanded with ``env`` (the -D defines) and evaluated (C's
     ``a ? b : c`` as Python's conditional)."""
     defs = dict(re.findall(r"^#define (\w+) (.+?)\s*(?://.*)?$", TEXT, re.M))
+    if coop:  # the COOP branch's definitions (the last definition of each name is the other's)
+        branch = re.search(r"^#if COOP\n(.*?)^#else", TEXT, re.M | re.S).group(1)
+        defs.update(re.findall(r"^#define (\w+) (.+?)\s*(?://.*)?$", branch, re.M))
     expr = name
     for _ in range(10):  # expand macros
         expr = re.sub(r"\b([A-Z_]+)\b", lambda m: str(env.get(m.group(1), defs.get(
@@ -63,30 +67,39 @@ def test_stage_bytes_mirror_matches_the_cuda_source():
         env = dict(HEAD_DIM=hd, A_BITS=a, R_BITS=r, GS=32)
         assert _eval_macro("D", env) == width(hd)
         assert _eval_macro("STAGE_BYTES", env) == stage_bytes(a, r, hd)
+        env["WARPS"] = WARPS
+        for gs in (32, 64) if hd == 128 else (32,):
+            if hd == 96:
+                continue  # no COOP at head_dim 96
+            env["GS"] = gs
+            assert _eval_macro("STAGE_BYTES", env, coop=True) == stage_bytes(a, r, hd, coop=True)
+            assert _eval_macro("SMALL_BYTES", env, coop=True) == coop_small_bytes(hd, gs)
 
 
 VARIANTS = [dict(HEAD_DIM=hd, A_BITS=a, R_BITS=r, GS=gs, GQ=gq, HAS_COEF=coef, WARPS=WARPS,
-                 MINB=minb, STAGES=stages, SUBT=subt)
-            for hd, a, r, gs, gq, coef, (minb, stages, subt) in itertools.product(
-                HEAD_DIMS, (2, 4), (0, 2, 4), (32, 64), (1, 2, 3, 4), (0, 1), OCCUPANCY)
+                 MINB=minb, STAGES=stages, SUBT=subt, COOP=coop)
+            for hd, a, r, gs, gq, coef, (minb, stages, subt), coop in itertools.product(
+                HEAD_DIMS, (2, 4), (0, 2, 4), (32, 64), (1, 2, 3, 4), (0, 1), OCCUPANCY, (0, 1))
             if hd % gs == 0 and width(hd) // gs >= 2 and gq * width(hd) // gs <= 8
-            and not (coef and r == 0 and a == 2)]
-# every fifth, the last, and the shapes of SmolLM2 (64, GQA 3) and Huginn (96, MHA) in the
-# default format (4-bit anchor, 2-bit residual with LSQ coefficients) and anchor-only
-SHAPES = [d for d in VARIANTS if (d["HEAD_DIM"], d["GQ"]) in ((64, 3), (96, 1))
+            and not (coef and r == 0 and a == 2) and not (coop and hd == 96)]
+# every fifth, the last, and the shapes of SmolLM2 (64, GQA 3), Huginn (96, MHA) and Ouro (128,
+# MHA, COOP) in the default format (4-bit anchor, 2-bit residual with LSQ coefficients) and
+# anchor-only
+SHAPES = [d for d in VARIANTS if (d["HEAD_DIM"], d["GQ"], d["COOP"]) in (
+              (64, 3, 0), (96, 1, 0), (128, 1, 1))
           and d["GS"] == 32 and d["A_BITS"] == 4 and d["R_BITS"] in (0, 2)
           and d["HAS_COEF"] == int(d["R_BITS"] > 0)]
 
 
 def test_the_variants_cover_every_head_dim():
     assert {d["HEAD_DIM"] for d in VARIANTS[::5]} == set(HEAD_DIMS)
-    assert len(SHAPES) == 2 * 2 * len(OCCUPANCY)
+    assert len(SHAPES) == 3 * 2 * len(OCCUPANCY)
 
 
 @pytest.mark.skipif(cuda.nvrtc_path() is None, reason="libnvrtc not installed")
 @pytest.mark.parametrize(
     "defines", VARIANTS[::5] + [VARIANTS[-1]] + SHAPES,
-    ids=lambda d: "d{HEAD_DIM}a{A_BITS}r{R_BITS}g{GS}q{GQ}c{HAS_COEF}m{MINB}t{SUBT}".format(**d))
+    ids=lambda d: "d{HEAD_DIM}a{A_BITS}r{R_BITS}g{GS}q{GQ}c{HAS_COEF}m{MINB}t{SUBT}o{COOP}".format(**d))
 def test_every_requested_variant_compiles(defines):
     cubin = cuda.compile_nvrtc(TEXT, SOURCE, defines, "sm_90")
     assert cubin[:4] == b"\x7fELF"

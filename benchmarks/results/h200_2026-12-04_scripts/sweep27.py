@@ -1,9 +1,12 @@
 """Session 27: batch-1 (and equal-token batch 2/4) history-length sweep, Ouro-1.4B shape, residual
 loop: the tc kernel against the pure read of the same bytes (read_roofline), same run."""
-import json, os, sys, time
+import json
+import os
+import sys
+import time
 import torch
 sys.path.insert(0, os.getcwd())
-from benchmarks.bench_decode import inputs, loop_bytes_per_token, time_loops
+from benchmarks.bench_decode import inputs, loop_bytes_per_token
 from benchmarks.common import DEV, bench, pool, read_roofline
 from rq_kernels import decode_attention
 from rq_kernels.decode import DecodeLaunch
