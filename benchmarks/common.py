@@ -64,10 +64,11 @@ READ_SHAPES = ((2048, 4), (4096, 4), (8192, 8), (16384, 8))
 
 
 def stream_reader(buf: torch.Tensor, nbytes: int, shape: tuple[int, int]):
-    """A launch that reads the first ``nbytes`` of ``buf`` (uint8, contiguous; rounded down to
-    whole 64-byte blocks) once, with one Triton program per ``shape[0]`` int32 words and
-    ``shape[1]`` warps, and writes one word per program: the pure memory traffic of a kernel
-    that reads those bytes. Raises ValueError if ``buf`` is shorter than ``nbytes``."""
+    """(launch, out): a launch that reads the first ``nbytes`` of ``buf`` (uint8, contiguous;
+    rounded down to whole 64-byte blocks) once, with one Triton program per ``shape[0]`` int32
+    words and ``shape[1]`` warps, each writing the largest of its words to ``out`` (int32
+    ``[programs]``): the pure memory traffic of a kernel that reads those bytes. Raises
+    ValueError if ``buf`` is shorter than ``nbytes``."""
     if buf.numel() < nbytes:
         raise ValueError(f"buffer of {buf.numel()} bytes is shorter than {nbytes}")
     src = buf[:nbytes // 64 * 64].view(torch.int32)
@@ -75,7 +76,7 @@ def stream_reader(buf: torch.Tensor, nbytes: int, shape: tuple[int, int]):
     grid = max(1, triton.cdiv(src.numel(), block))
     out = torch.empty(grid, dtype=torch.int32, device=buf.device)
     return lambda: _stream_read_kernel[(grid,)](src, out, src.numel(), BLOCK=block,
-                                                num_warps=warps)
+                                                num_warps=warps), out
 
 
 def read_roofline(buf: torch.Tensor, nbytes: int) -> tuple[float, str]:
@@ -91,7 +92,7 @@ def read_arms(buf: torch.Tensor, nbytes: int) -> dict:
     """The pure reads of the first ``nbytes`` of ``buf`` that `read_roofline` times, by name: a
     `stream_reader` per `READ_SHAPES` entry (``triton_<words>x<warps>``) and ``torch_sum``."""
     src = buf[:nbytes // 64 * 64].view(torch.int32)
-    arms = {f"triton_{b}x{w}": stream_reader(buf, nbytes, (b, w)) for b, w in READ_SHAPES}
+    arms = {f"triton_{b}x{w}": stream_reader(buf, nbytes, (b, w))[0] for b, w in READ_SHAPES}
     arms["torch_sum"] = lambda: src.sum()
     return arms
 
