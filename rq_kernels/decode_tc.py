@@ -404,6 +404,9 @@ def tc_split(q: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
     D = width(hd)
     group = HQ // num_kv_heads
     ac, aso, rc, rso, cf, _, _ = _loop_tensors(view, loop_id)
+    # the kernel's KV heads are the pool's (COOP's CTA-wide copies and barrier rest on it)
+    assert aso.shape[2] == num_kv_heads, (
+        f"the pool holds {aso.shape[2]} KV heads, the launch {num_kv_heads}")
     defines, smem = _variant(view, loop_id, group, occupancy)
     fn = cuda.function(SOURCE, KERNEL, defines, dev, shared_bytes=smem,
                        carveout=carveout_percent(dev.index))
