@@ -152,7 +152,14 @@ def coop_copies(view: CompressedLayerView, loop_id: int) -> bool:
     span of its pool row (token-major rows, head stride = row bytes) that 16-byte copies reach
     (rows, K/V and the tensor 16-byte aligned; coefficients 8-byte aligned, head stride 1), not
     at head_dim 96. Otherwise every warp copies its own head's, and the CTA's warps share the
-    sectors through L1."""
+    sectors through L1. Decided once per (view, loop) and kept in ``view.launch_cache``."""
+    key = ("coop", loop_id)
+    if key not in view.launch_cache:
+        view.launch_cache[key] = _coop_copies(view, loop_id)
+    return view.launch_cache[key]
+
+
+def _coop_copies(view: CompressedLayerView, loop_id: int) -> bool:
     _, aso, _, rso, cf, _, _ = _loop_tensors(view, loop_id)
     hd = view.head_dim
     sb = 2 * (width(hd) // view.cfg.group_size)  # (scale, offset) bytes per (token, head)
