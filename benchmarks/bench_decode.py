@@ -39,16 +39,15 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import (  # noqa: E402
-    DEV, FAMILIES, bench, bench_args, copy_bandwidth, pool, read_roofline, sdpa_time, write_json,
+    DEV, FAMILIES, bench, bench_args, copy_bandwidth, loop_bytes_per_token, pool, read_roofline,
+    sdpa_time, write_json,
 )
 from rq_kernels import decode_attention  # noqa: E402
 from rq_kernels.decode import DecodeLaunch, fma_unsupported_reason  # noqa: E402
 from rq_kernels.decode_tc import tc_unsupported_reason  # noqa: E402
 from rq_kernels.testing import attention_errors, within_policy  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
-from sglang_rq.layout import (  # noqa: E402
-    ModelKVShape, decode_read_bytes_per_token, loop_read_nbytes, loop_segments,
-)
+from sglang_rq.layout import ModelKVShape, decode_read_bytes_per_token  # noqa: E402
 from sglang_rq.reference import decode_attention_reference, dequantize_rows_reference  # noqa: E402
 
 T0 = time.time()
@@ -123,12 +122,6 @@ def placed_rows(lens: list[int], rows: int, how: str, seed: int = 5) -> torch.Te
 def bytes_per_token_loop(cfg, hkv, dim, loops) -> float:
     shape = ModelKVShape(num_layers=1, num_loops=loops, num_kv_heads=hkv, head_dim=dim)
     return decode_read_bytes_per_token(shape, cfg) / loops
-
-
-def loop_bytes_per_token(cfg, hkv, dim, loops, loop) -> int:
-    """Bytes the decode of ``loop`` reads per history token of one layer (all KV heads, K and V)."""
-    shape = ModelKVShape(num_layers=1, num_loops=loops, num_kv_heads=hkv, head_dim=dim)
-    return loop_read_nbytes(loop_segments(shape, cfg), loop) * 2 * hkv
 
 
 def time_reads(buf, cfg, hkv, dim, tokens, loops) -> dict:

@@ -44,12 +44,12 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import graph_ms, read_arms, read_roofline, realistic_pool  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    graph_ms, loop_bytes_per_token, read_arms, read_roofline, realistic_pool,
+)
 from rq_kernels import commit_layers, decode_attention, prepare_layers, stage_kv  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
-from sglang_rq.layout import (  # noqa: E402
-    ModelKVShape, bf16_bytes_per_token, kv_bytes_per_token, loop_read_nbytes, loop_segments,
-)
+from sglang_rq.layout import ModelKVShape, bf16_bytes_per_token, kv_bytes_per_token  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 T0 = time.time()
@@ -161,12 +161,12 @@ def layer_rows(view, rows: slice):
 class ReadOnly:
     """Each attention call replaced by the fastest pure read (`common.read_roofline`, picked once
     on layer 0's residual loop) of the bytes RQ's decode of that loop reads
-    (`layout.loop_read_nbytes` x KV heads x K and V x history tokens), from one buffer per
+    (`common.loop_bytes_per_token` x history tokens), from one buffer per
     layer; no commit. The step of an RQ attention at the memory roofline."""
 
     def __init__(self, s: Shape, b: int, ctx: int, cfg: RQConfig) -> None:
-        segs = loop_segments(ModelKVShape(1, s.loops, s.heads, s.dim), cfg)
-        per = [loop_read_nbytes(segs, u) * 2 * s.heads * b * ctx for u in range(s.loops)]
+        per = [loop_bytes_per_token(cfg, s.heads, s.dim, s.loops, u) * b * ctx
+               for u in range(s.loops)]
         bufs = [torch.empty(max(per), dtype=torch.uint8, device=DEV) for _ in range(s.layers)]
         _, self.arm = read_roofline(bufs[0], max(per))
         self.reads = {(u, li): read_arms(bufs[li], per[u])[self.arm]

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from sglang_rq.layout import ModelKVShape, loop_read_nbytes, loop_segments
 from tests.kernels.views import make_view
 
 
@@ -77,6 +78,14 @@ def stream_reader(buf: torch.Tensor, nbytes: int, shape: tuple[int, int]):
     out = torch.empty(grid, dtype=torch.int32, device=buf.device)
     return lambda: _stream_read_kernel[(grid,)](src, out, src.numel(), BLOCK=block,
                                                 num_warps=warps), out
+
+
+def loop_bytes_per_token(cfg, num_kv_heads: int, head_dim: int, num_loops: int, loop: int) -> int:
+    """Bytes the decode attention of ``loop`` reads per history token of one layer (all KV
+    heads, K and V): `sglang_rq.layout.loop_read_nbytes` x 2 x heads."""
+    shape = ModelKVShape(num_layers=1, num_loops=num_loops, num_kv_heads=num_kv_heads,
+                         head_dim=head_dim)
+    return loop_read_nbytes(loop_segments(shape, cfg), loop) * 2 * num_kv_heads
 
 
 def read_roofline(buf: torch.Tensor, nbytes: int) -> tuple[float, str]:

@@ -368,14 +368,13 @@ struct Args {
 #if COOP
 #define SO_PITCH (WARPS * SB)
 #define CF_PITCH (WARPS * 2)
-#define SMALL_BYTES (4 * TILE * SO_PITCH + 2 * TILE * CF_PITCH)
 #define STAGE_BYTES OFF_SO
 #else
 #define SO_PITCH 8
 #define CF_PITCH 4
-#define SMALL_BYTES (4 * TILE * SO_PITCH + 2 * TILE * CF_PITCH)
 #define STAGE_BYTES (OFF_SO + SMALL_BYTES)
 #endif
+#define SMALL_BYTES (4 * TILE * SO_PITCH + 2 * TILE * CF_PITCH)
 #define OFF_CF (4 * TILE * SO_PITCH)  // in a stage's small data
 // WARPS (per CTA), STAGES (tile stages per warp) and MINB (CTAs per SM, __launch_bounds__)
 // come from the launcher, which passes WARPS * STAGES * STAGE_BYTES (+ STAGES * SMALL_BYTES,
@@ -540,7 +539,7 @@ __device__ __forceinline__ int64_t tile_slot(const Args& A, int64_t base, int n,
 // LSQ coefficient of token tok, kind 0 (K) or 1 (V), as fp32: the bf16 half of its word selected
 // by shift (16 when the value sits at an address = 2 mod 4; the launcher checks that the row
 // stride keeps this the same for every row).
-// sp: the stage's small data plus, with COOP, this warp's head: 2 x its index (`cf_at`).
+// sp: the stage's small data plus, with COOP, this warp's head: 2 x its index (the kernel's cfs).
 __device__ __forceinline__ float coef_of(const uint8_t* sp, int kind, int tok, int shift) {
 #if COOP
   (void)shift;
@@ -553,7 +552,7 @@ __device__ __forceinline__ float coef_of(const uint8_t* sp, int kind, int tok, i
 }
 
 // The (scale, offset) pair of group grp; off: `so_offset` of the kind; sp: the stage's small
-// data plus, with COOP, this warp's head: SB x its index (`so_at`).
+// data plus, with COOP, this warp's head: SB x its index (the kernel's sos).
 __device__ __forceinline__ uint16_t so_pair(const uint8_t* sp, int kind, int tok, int grp,
                                             int off) {
   return *reinterpret_cast<const uint16_t*>(sp + (kind * TILE + tok) * SO_PITCH + off + grp * 2);
