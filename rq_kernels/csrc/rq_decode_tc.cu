@@ -97,6 +97,14 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 #define PAIRED (ROWS <= 4)   // V: anchor and second weights share one accumulator (columns 0-3, 4-7)
 #define RES_ACC (!PAIRED && R_BITS > 0)  // V: the residual has its own accumulator (cw, sw_r)
 #define PAD_ROW (HEAD_DIM == 96 && vgrp >= NGR)  // V column's row (vh, vgrp) is head_dim 96's padding
+// K side on integer tensor cores where the query rows fit half the MMA's 8 columns (ROWS <= 4):
+// codes as u8 (one LOP3 per 4 codes; 2-bit: and one SHF per 16), the query as 16-bit fixed
+// point split into two s8 halves, high in columns 0-3 and low in columns 4-7 of one m16n8k32
+// (exact s32 sums, no magic); else fp16 codes against the fp16 query (m16n8k16, the magic
+// folded out)
+#define KINT (ROWS <= 4)
+#define KI_STEPS (D / 32)    // K: m16n8k32 steps per tile and loop (KINT)
+#define QFIX 32512.f         // KINT: the query row's largest |element| as fixed point (hi <= 127)
 
 static_assert(HEAD_DIM == 64 || HEAD_DIM == 96 || HEAD_DIM == 128, "HEAD_DIM");
 static_assert(A_BITS == 2 || A_BITS == 4, "A_BITS");
@@ -168,6 +176,15 @@ __device__ __forceinline__ void mma_f16(float* c, uint32_t a0, uint32_t a1, uint
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_u8s8(int* c, uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
@@ -288,6 +305,35 @@ template <int BITS> __device__ __forceinline__ void unpack_v(const Words<NT * BI
 // Slice element of K register half: r = w*H + j, half 0/1.
 template <int BITS> __host__ __device__ constexpr int k_elem(int r, int half) {
   return (r / (16 / BITS)) * (32 / BITS) + half * (16 / BITS) + r % (16 / BITS);
+}
+// KINT: a token's slice X -> SL / 4 u8x4 A-operand registers, masks only where one shift per
+// word does not suffice, so half the registers hold codes times 2^BITS: register r = 4 w + k
+// (4-bit: words 2 w, 2 w + 1; 2-bit: word w) holds, k < 2, codes (times 1) and, k >= 2, codes
+// times 2^BITS; byte b of register r is slice element k_elem_int(r, b). The K dots' even steps
+// (registers 4 w, 4 w + 1) sum codes, the odd steps codes times 2^BITS (two MMA chains).
+template <int BITS> __device__ __forceinline__ void unpack_k_int(const Words<SL * BITS / 8>& x,
+                                                                 uint32_t* u) {
+  constexpr uint32_t M = ((1u << BITS) - 1u) * 0x01010101u;
+#pragma unroll
+  for (int w = 0; w < SL / 16; ++w) {
+    if constexpr (BITS == 4) {
+      u[4 * w] = x.w[2 * w] & M;
+      u[4 * w + 1] = x.w[2 * w + 1] & M;
+      u[4 * w + 2] = x.w[2 * w] & (M << 4);
+      u[4 * w + 3] = x.w[2 * w + 1] & (M << 4);
+    } else {
+      const uint32_t y = x.w[w] >> 4;
+      u[4 * w] = x.w[w] & M;
+      u[4 * w + 1] = y & M;
+      u[4 * w + 2] = x.w[w] & (M << 2);
+      u[4 * w + 3] = y & (M << 2);
+    }
+  }
+}
+// Slice element of KINT register r, byte b (unpack_k_int).
+template <int BITS> __host__ __device__ constexpr int k_elem_int(int r, int b) {
+  return BITS == 4 ? (2 * (r / 4) + (r & 1)) * 8 + 2 * b + (r % 4) / 2
+                   : (r / 4) * 16 + 4 * b + ((r & 1) ? 2 : 0) + (r % 4) / 2;
 }
 template <int BITS, bool F16> __device__ __forceinline__ float pos_scale(int j) {  // 2^-pos
   return 1.0f / float(1 << code_pos<BITS, F16>(j));
@@ -600,6 +646,28 @@ template <int BITS> __device__ __forceinline__ void k_dots(const uint8_t* k, int
 #endif
 }
 
+// KINT: the K dots as exact s32 sums times 2^BITS, x = C[tok g | 8 + g][cols 2t, 2t + 1] of
+// A = u8 codes, B = the fixed-point query fragments qf (columns 0-3 high halves, 4-7 low
+// halves): the even steps' chain times 2^BITS plus the odd steps' (unpack_k_int).
+template <int BITS> __device__ __forceinline__ void k_dots_int(const uint8_t* k, int pitch, int g,
+                                                             int t,
+                                                             const uint32_t (&qf)[KI_STEPS][2],
+                                                             int (&x)[4]) {
+  constexpr int KB = SL * BITS / 8;
+  uint32_t u0[SL / 4], u1[SL / 4];
+  unpack_k_int<BITS>(lds_words<KB>(k + g * pitch + t * KB), u0);
+  unpack_k_int<BITS>(lds_words<KB>(k + (8 + g) * pitch + t * KB), u1);
+  int y[4] = {0, 0, 0, 0};
+  x[0] = x[1] = x[2] = x[3] = 0;
+#pragma unroll
+  for (int s = 0; s < KI_STEPS; s += 2) {
+    mma_u8s8(x, u0[2 * s], u1[2 * s], u0[2 * s + 1], u1[2 * s + 1], qf[s][0], qf[s][1]);
+    mma_u8s8(y, u0[2 * s + 2], u1[2 * s + 2], u0[2 * s + 3], u1[2 * s + 3], qf[s + 1][0], qf[s + 1][1]);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) x[i] = x[i] * (1 << BITS) + y[i];
+}
+
 // V codes of the tile at v (pitch bytes per token): this thread's slice g of tokens 2t, 2t + 1
 // (u01) and 2t + 8, 2t + 9 (u89) as (token, token) bf16 pairs, one register per slice element.
 template <int BITS> __device__ __forceinline__ void v_codes(const uint8_t* v, int pitch, int g,
@@ -869,7 +937,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MINB)
 rq_decode_tc_split(const Args A) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const uint32_t kmagic = magic_bits<true>(), vmagic = magic_bits<false>();  // LOP3 operands
+#if !KINT
+  const uint32_t kmagic = magic_bits<true>();  // LOP3 operand
+#endif
+  const uint32_t vmagic = magic_bits<false>();
   const int g = lane >> 2, t = lane & 3;
   // this warp's (split, KV head) of request b, KV head fastest: the CTA's warps are adjacent
   // units (adjacent KV heads of one split when num_kv_heads % 4 == 0: COOP copies their
@@ -913,10 +984,11 @@ rq_decode_tc_split(const Args A) {
 
   // ---- this thread's K query column: g = (head h, group grp) when g < ROWS; its K slice t is
   // group gt (head_dim 96: group 3, slice 3 and rows (h, 3) are padding)
+  // (KINT: columns g >= 4 carry the low halves of row g - 4)
   const int gt = (SL * t) / GS;
-  const int grp = g % NG;
-  const int h = g / NG;
-  const bool row_ok = g < ROWS;
+  const int grp = (KINT ? g & 3 : g) % NG;
+  const int h = (KINT ? g & 3 : g) / NG;
+  const bool row_ok = (KINT ? g & 3 : g) < ROWS;
   const bool a_rows = row_ok && grp == gt && (HEAD_DIM != 96 || gt < NGR);  // slice t feeds row g
   // V: this thread builds the weights of B column g, row vr = (head vh, group vgrp); PAIRED, the
   // columns g >= 4 (second) carry the second term's weights of row g - 4
@@ -1011,6 +1083,73 @@ rq_decode_tc_split(const Args A) {
     __syncwarp();
   }
 
+#if KINT
+  // ---- query fragments (fixed point: row g & 3 scaled so its largest |element| is QFIX, split
+  // q16 = 256 hi + lo into s8 halves; columns g < 4 the high, g >= 4 the low halves), the
+  // row's dequantization factor and sum q
+  uint32_t qa[KI_STEPS][2];
+#if R_BITS > 0
+  uint32_t qr[KI_STEPS][2];
+#endif
+  float qsum = 0.f, qmax = 0.f;
+  {
+    const uint16_t* qh = qs + (row_ok ? h : 0) * D + SL * t;
+    auto qel = [&](int e) {
+      return a_rows ? __uint_as_float((uint32_t)qh[e] << 16) : 0.f;
+    };
+#pragma unroll
+    for (int e = 0; e < SL; ++e) {
+      const float x = qel(e);
+      qsum += g < 4 ? x : 0.f;
+      qmax = fmaxf(qmax, fabsf(x));
+    }
+    // the row's group spans the quad's slices of it (GS 64: two); other slices hold 0
+    qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, 1));
+    qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, 2));
+    const float qscale = qmax > 0.f ? QFIX / qmax : 0.f;
+    const bool low = g >= 4;
+    auto qbyte = [&](int e) -> uint32_t {
+      const int q16 = __float2int_rn(qel(e) * qscale);
+      const int qhi = (q16 + 128) >> 8;
+      return (uint32_t)((low ? q16 - 256 * qhi : qhi) & 0xFF);
+    };
+#pragma unroll
+    for (int r = 0; r < SL / 4; ++r) {
+      uint32_t wa = 0;
+#if R_BITS > 0
+      uint32_t wr = 0;
+#endif
+#pragma unroll
+      for (int bb = 0; bb < 4; ++bb) {
+        wa |= qbyte(k_elem_int<A_BITS>(r, bb)) << (8 * bb);
+#if R_BITS > 0
+        wr |= qbyte(k_elem_int<R_BITS>(r, bb)) << (8 * bb);
+#endif
+      }
+      qa[r / 2][r % 2] = wa;
+#if R_BITS > 0
+      qr[r / 2][r % 2] = wr;
+#endif
+    }
+    qsum += __shfl_xor_sync(0xffffffffu, qsum, 1);
+    qsum += __shfl_xor_sync(0xffffffffu, qsum, 2);
+  }
+  // K side (tokens on M): this thread's accumulator columns 2t, 2t + 1 are rows (head ht,
+  // groups cg, cg + 1) of the query, high halves for t < 2, low for t >= 2; their factors (the
+  // row's qmax / QFIX, times 256 for a high half) and sums come from the quads that built them
+  const int tq = t & 1;
+  const bool k_low = t >= 2;
+  const int cg = (2 * tq) % NG;
+  const bool col_ok = 2 * tq < ROWS;
+  // (and 2^-BITS: k_dots_int's sums are codes times 2^BITS)
+  float cs[2], cq[2];
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    cs[c] = __shfl_sync(0xffffffffu, qmax, 4 * (2 * tq + c)) * ((k_low ? 1.f : 256.f) / QFIX);
+    const float qs_c = __shfl_sync(0xffffffffu, qsum, 4 * (2 * tq + c));  // every lane shuffles
+    cq[c] = k_low ? 0.f : qs_c;
+  }
+#else
   // ---- query fragments (fp16, pre-divided by 2^pos) and the folds 1024 * sum q, sum q per row
   uint32_t qa[K_STEPS][2];
 #if R_BITS > 0
@@ -1064,11 +1203,13 @@ rq_decode_tc_split(const Args A) {
     cf_r[c] = __shfl_sync(0xffffffffu, fold_r, 4 * (2 * t + c));
     cq[c] = __shfl_sync(0xffffffffu, qsum, 4 * (2 * t + c));
   }
+  const int tq = t;
+#endif
   // the lane (of quad 0) whose columns belong to this thread's V head vh
   const int src_t = (vh * NG) / 2 < 4 ? (vh * NG) / 2 : 0;
   // the head of this thread's K columns 2t, 2t + 1 (a padding column's: head 0; its logits are
   // -inf) and that head's running max, kept beside m_run (this thread's V head vh's)
-  const int ht_k = col_ok ? (2 * t) / NG : 0;
+  const int ht_k = col_ok ? (2 * tq) / NG : 0;
   float m_run_k = -INFINITY;
   // where the (scale, offset) rows of this thread's V weights start (PAIRED: its kind's)
   const int so_v = so_offset(A, hk, second && R_BITS > 0 ? 3 : 1);
@@ -1115,11 +1256,20 @@ rq_decode_tc_split(const Args A) {
     const uint8_t* stp = stps[u];
     const int n = lo + (it + u) * TILE;
     // ---- K (tokens on M): X[tok, col] for tokens g, 8 + g and columns 2t, 2t + 1
+#if KINT
+    int ia[4];
+    k_dots_int<A_BITS>(stp, BA, g, t, qa, ia);
+#if R_BITS > 0
+    int ir[4];
+    k_dots_int<R_BITS>(stp + OFF_KR, BR, g, t, qr, ir);
+#endif
+#else
     float xa[4];
     k_dots<A_BITS>(stp, BA, g, t, qa, kmagic, xa);
 #if R_BITS > 0
     float xr[4];
     k_dots<R_BITS>(stp + OFF_KR, BR, g, t, qr, kmagic, xr);
+#endif
 #endif
     // ---- logits of head ht for tokens g (j = 0) and 8 + g (j = 1): this thread's two columns,
     // then the head's other columns (NG = 4: the neighbour thread)
@@ -1136,14 +1286,23 @@ rq_decode_tc_split(const Args A) {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const float2 sa = fp8x2((uint16_t)(ska >> (16 * c)));
+#if KINT
+        float v = c_k * (sa.x * (cs[c] * (1.f / (1 << A_BITS))) * __int2float_rn(ia[2 * j + c]) + sa.y * cq[c]);
+#else
         float v = c_k * (sa.x * (xa[2 * j + c] - cf_a[c]) + sa.y * cq[c]);
+#endif
 #if R_BITS > 0
         const float2 sr = fp8x2((uint16_t)(so_word(sos[u], 2, tk, cg, so_offset(A, hk, 2)) >> (16 * c)));
+#if KINT
+        v += sr.x * (cs[c] * (1.f / (1 << R_BITS))) * __int2float_rn(ir[2 * j + c]) + sr.y * cq[c];
+#else
         v += sr.x * (xr[2 * j + c] - cf_r[c]) + sr.y * cq[c];
+#endif
 #endif
         acc += col_ok && (HEAD_DIM != 96 || cg + c < NGR) ? v : 0.f;  // 96: not group 3
       }
       if (NG == 4) acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+      if (KINT) acc += __shfl_xor_sync(0xffffffffu, acc, 2);  // the low halves' columns
       lg[u][j] = (col_ok && n + tk < hi) ? acc * A.qk_scale : -INFINITY;
     }
     }

@@ -1,5 +1,7 @@
 """A NumPy emulation of `csrc/rq_decode_tc.cu` (the split kernel) with the kernel's roundings:
-fp16 query fragments (K codes unpacked to fp16), bf16 V weights, fp32 MMA accumulation, lazy rescaling, the folds. Lane
+the K side as u8 codes against a 16-bit fixed-point query in two s8 halves (exact s32 sums;
+query rows <= 4, KINT) or fp16 query fragments against fp16 codes (the folds), bf16 V weights,
+fp32 MMA accumulation, lazy rescaling. Lane
 by lane (arrays over the 32 lanes of a warp), one warp per (request, KV head, split); plus the
 merge (`rq_decode_merge_kernel`, without rotation) in fp32. head_dim 64 and 128 only.
 """
@@ -58,8 +60,53 @@ def pos(j, bits, f16=False):
 
 
 MAGIC = {False: 128.0, True: 1024.0}  # magic_value<F16>: bf16 0x4300, fp16 0x6400
+_SRC = (CSRC / "rq_decode_tc.cu").read_text()
 # tiles between the V magic drains (the kernel's DRAIN_TOKENS / 16)
-DRAIN_TILES = int(re.search(r"#define DRAIN_TOKENS (\d+)", (CSRC / "rq_decode_tc.cu").read_text())[1]) // 16
+DRAIN_TILES = int(re.search(r"#define DRAIN_TOKENS (\d+)", _SRC)[1]) // 16
+# KINT (query rows <= 4): the fixed-point scale of a query row's largest |element|
+QFIX = float(re.search(r"#define QFIX ([0-9.]+)f", _SRC)[1])
+
+
+def k_elem_int(r, b, bits):
+    """k_elem_int<bits>: the slice element in byte b of KINT register r (`unpack_k_int`)."""
+    if bits == 4:
+        return (2 * (r // 4) + (r & 1)) * 8 + 2 * b + (r % 4) // 2
+    return (r // 4) * 16 + 4 * b + (2 if r & 1 else 0) + (r % 4) // 2
+
+
+def unpack_k_int(ws, bits):
+    """unpack_k_int<bits>: a token slice's words (list of uint32 [32]) -> registers as [32, 4]
+    int64 byte values (register r, byte b: the code of slice element k_elem_int(r, b), times
+    2^bits where r % 4 >= 2)."""
+    m = ((1 << bits) - 1) * 0x01010101
+    regs = []
+    ws = [np.asarray(w, np.uint64) for w in ws]
+    for w in range(len(ws) // (2 if bits == 4 else 1)):
+        if bits == 4:
+            x0, x1 = ws[2 * w], ws[2 * w + 1]
+            vals = (x0 & m, x1 & m, x0 & (m << 4), x1 & (m << 4))
+        else:
+            x, y = ws[w], ws[w] >> 4
+            vals = (x & m, y & m, x & (m << 2), y & (m << 2))
+        regs += [np.stack([(v >> (8 * b)) & 0xFF for b in range(4)], axis=1).astype(np.int64)
+                 for v in vals]
+    return regs
+
+
+def imma(c, a, b):
+    """m16n8k32 u8 x s8 -> s32 (exact): c [32, 4] int64; a: 4 registers [32, 4] (rows g, g + 8;
+    k 4t + i, 16 + 4t + i); b: 2 registers [32, 4] (k 4t + i, 16 + 4t + i; column g)."""
+    A = np.zeros((16, 32), np.int64)
+    B = np.zeros((32, 8), np.int64)
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        for i, (r, k) in enumerate(((g, 4 * t), (g + 8, 4 * t), (g, 4 * t + 16), (g + 8, 4 * t + 16))):
+            A[r, k:k + 4] = a[i][lane]
+        for i, k in enumerate((4 * t, 4 * t + 16)):
+            B[k:k + 4, g] = b[i][lane]
+    C = A @ B
+    g, t = LANES >> 2, LANES & 3
+    return c + np.stack([C[g, 2 * t], C[g, 2 * t + 1], C[g + 8, 2 * t], C[g + 8, 2 * t + 1]], axis=1)
 
 
 def unpack_word(x, bits, f16=False):
@@ -175,13 +222,17 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
         lengths = np.diff(np.asarray(kv_indptr)).tolist()
         c_bal, rows_of = balanced_split(lengths, num_splits, fill_rows, step)
         mid_o[:], mid_ml[..., 0], mid_ml[..., 1] = 0, -1e30, 0
+    kint = ROWS <= 4  # KINT: columns g >= 4 carry the low halves of row g - 4
+    krow = (G & 3) if kint else G
     gt = (SL * T) // gs
-    grp = G % NG
-    h = G // NG
-    row_ok = G < ROWS
+    grp = krow % NG
+    h = krow // NG
+    row_ok = krow < ROWS
     a_rows = row_ok & (grp == gt)
-    cg = (2 * T) % NG
-    col_ok = 2 * T < ROWS
+    tq = (T & 1) if kint else T  # KINT: lanes t >= 2 hold the low halves' columns
+    k_low = kint & (T >= 2)
+    cg = (2 * tq) % NG
+    col_ok = 2 * tq < ROWS
     # V: lane g builds B column g, row vr = (head vh, group vgrp); paired (ROWS <= 4): columns
     # g >= 4 carry the second term (residual, or the anchor weights' bf16 remainder) of row g - 4
     paired = ROWS <= 4
@@ -206,13 +257,38 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
         for hk in range(hkv):
             # query fragments per lane
             qrow = q_rot[b, hk * gq + np.where(row_ok, h, 0)]  # [32, hd]
-            nq = K_STEPS
-            qa = [[None, None] for _ in range(nq)]
-            qr = [[None, None] for _ in range(nq)]
+            if kint:  # fixed point q16 = 256 hi + lo of the row's largest |element| QFIX
+                qx = np.where(a_rows[:, None], bf16r(qrow[LANES[:, None], SL * T[:, None] + np.arange(SL)]),
+                              F32(0))
+                qmax = np.abs(qx).max(axis=1).astype(F32)
+                qsum = np.where(G < 4, qx.sum(axis=1, dtype=F32), F32(0)).astype(F32)
+                for m in (1, 2):
+                    qmax = np.maximum(qmax, xor(qmax, m))
+                    qsum = qsum + xor(qsum, m)
+                with np.errstate(divide="ignore"):
+                    qscale = np.where(qmax > 0, F32(QFIX) / qmax, F32(0)).astype(F32)
+
+                def qfrag(bits):
+                    regs = []
+                    for r in range(SL // 4):
+                        e = np.array([k_elem_int(r, bb, bits) for bb in range(4)])
+                        q16 = np.rint((qx[:, e] * qscale[:, None]).astype(F32)).astype(np.int64)
+                        qhi = (q16 + 128) >> 8
+                        regs.append(np.where((G >= 4)[:, None], q16 - 256 * qhi, qhi))
+                    return [(regs[2 * s], regs[2 * s + 1]) for s in range(SL // 8)]
+
+                qa = qfrag(a_bits)
+                qr = qfrag(r_bits) if r_bits else None
+                cs = [(shfl(qmax, 4 * (2 * tq + c)) * np.where(k_low, F32(1), F32(256)) / F32(QFIX)).astype(F32)
+                      for c in range(2)]
+                cq = [np.where(k_low, F32(0), shfl(qsum, 4 * (2 * tq + c))) for c in range(2)]
+            else:  # fp16 fragments pre-divided by 2^pos, the folds 1024 sum q
+                qa = [[None, None] for _ in range(K_STEPS)]
+                qr = [[None, None] for _ in range(K_STEPS)]
+                qsum = np.zeros(32, F32)
             fold_a = np.zeros(32, F32)
             fold_r = np.zeros(32, F32)
-            qsum = np.zeros(32, F32)
-            for r in range(SL // 2):
+            for r in range(0 if kint else SL // 2):
                 v = [None, None]
                 w = [None, None]
                 for half in range(2):
@@ -229,13 +305,14 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
                 if r_bits:
                     qr[r // 2][r % 2] = (f16r(w[0]), f16r(w[1]))
                     fold_r = (fold_r + F32(1024) * (qr[r // 2][r % 2][0] + qr[r // 2][r % 2][1])).astype(F32)
-            for m in (1, 2):
+            for m in (() if kint else (1, 2)):
                 fold_a = fold_a + xor(fold_a, m)
                 fold_r = fold_r + xor(fold_r, m)
                 qsum = qsum + xor(qsum, m)
             cf_a = [shfl(fold_a, 4 * (2 * T + c)) for c in range(2)]
             cf_r = [shfl(fold_r, 4 * (2 * T + c)) for c in range(2)]
-            cq = [shfl(qsum, 4 * (2 * T + c)) for c in range(2)]
+            if not kint:
+                cq = [shfl(qsum, 4 * (2 * T + c)) for c in range(2)]
             for split in range(splits):
                 lo = split * per_split
                 hi = min(lo + per_split, seq)
@@ -268,6 +345,14 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
                     def k_dots(buf, bits, qf):
                         KB = SL * bits // 8
                         pitch = D * bits // 8
+                        if kint:  # exact sums times 2^bits: even steps' chain, then the odd's
+                            u = [unpack_k_int(words(buf, tok * pitch + T * KB, KB), bits)
+                                 for tok in (G, 8 + G)]
+                            x = [np.zeros((32, 4), np.int64) for _ in range(2)]
+                            for s in range(SL // 8):
+                                x[s % 2] = imma(x[s % 2], (u[0][2 * s], u[1][2 * s], u[0][2 * s + 1],
+                                                           u[1][2 * s + 1]), qf[s])
+                            return x[0] * (1 << bits) + x[1]
                         u = []
                         for tok in (G, 8 + G):
                             regs = []
@@ -291,14 +376,24 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
                         for c in range(2):
                             sx = fp8(ska[tk, 2 * (cg + c)])
                             sy = fp8(ska[tk, 2 * (cg + c) + 1])
-                            v = c_k * (sx * (xa[:, 2 * j + c] - cf_a[c]) + sy * cq[c])
+                            if kint:
+                                ka_ = (sx * (cs[c] * F32(1 / (1 << a_bits)))).astype(F32)
+                                v = c_k * (ka_ * xa[:, 2 * j + c].astype(F32) + sy * cq[c])
+                            else:
+                                v = c_k * (sx * (xa[:, 2 * j + c] - cf_a[c]) + sy * cq[c])
                             if r_bits:
                                 rx = fp8(skr[tk, 2 * (cg + c)])
                                 ry = fp8(skr[tk, 2 * (cg + c) + 1])
-                                v = v + rx * (xr[:, 2 * j + c] - cf_r[c]) + ry * cq[c]
+                                if kint:
+                                    kr_ = (rx * (cs[c] * F32(1 / (1 << r_bits)))).astype(F32)
+                                    v = v + kr_ * xr[:, 2 * j + c].astype(F32) + ry * cq[c]
+                                else:
+                                    v = v + rx * (xr[:, 2 * j + c] - cf_r[c]) + ry * cq[c]
                             acc = acc + np.where(col_ok, v, F32(0)).astype(F32)
                         if NG == 4:
                             acc = acc + xor(acc, 1)
+                        if kint:
+                            acc = acc + xor(acc, 2)
                         lg.append(np.where(col_ok & (n + tk < hi), acc * F32(qk_scale), -np.inf).astype(F32))
                     mt = np.maximum(lg[0], lg[1])
                     for m in (4, 8, 16):

@@ -69,52 +69,104 @@ def _mma(a_frag, b_frag):
             for g, t in ((lane >> 2, lane & 3) for lane in range(32))]
 
 
-def _tile(hd, gs, gq, a_bits, r_bits, hi, seed):
-    rng = random.Random(seed)
-    d = 64 if hd == 64 else 128
-    ng, ngr, rows = d // gs, hd // gs, gq * (d // gs)
-    sl, nt = d // 4, d // 8
-    assert ng >= 2 and rows <= 8
-    kinds = [(a_bits, 0), (a_bits, 1)] + ([(r_bits, 0), (r_bits, 1)] if r_bits else [])
-    # pool values: codes [kind][tok][e], (scale, offset) bytes [kind][tok][group]
-    code = [[[rng.randrange(1 << b) for _ in range(hd)] for _ in range(16)] for b, _ in kinds]
-    so_b = [[[(rng.choice((0x30, 0x38, 0x41, 0xB8)), rng.choice((0x28, 0xA9, 0x00)))
-              for _ in range(ngr)] for _ in range(16)] for _ in kinds]
-    coef = [[rng.choice((1.0, 0.75, 1.25)) for _ in range(16)] for _ in range(2)]
-    q = [[rng.uniform(-1, 1) for _ in range(hd)] for _ in range(gq)]
-    # the stage: codes at pitch d * bits / 8 (only hd's bytes copied; junk past them), the
-    # (scale, offset) rows at offset off in 8 bytes (head_dim 96: 0 or 2), NaN/junk around
-    stage_codes, so_rows, offs = [], [], []
-    for k, (b, _) in enumerate(kinds):
-        pitch, nbytes = d * b // 8, hd * b // 8
-        buf = bytearray(rng.randrange(256) for _ in range(16 * pitch))
-        for tok in range(16):
-            v = sum(c << (b * e) for e, c in enumerate(code[k][tok]))
-            buf[tok * pitch: tok * pitch + nbytes] = v.to_bytes(nbytes, "little")
-        stage_codes.append(bytes(buf))
-        off = rng.choice((0, 2)) if hd == 96 else 0
-        offs.append(off)
-        rws = []
-        for tok in range(16):
-            row = bytearray(rng.choice((0x7F, 0xFF, 0x5A)) for _ in range(16))
-            for grp in range(ngr):
-                row[off + 2 * grp: off + 2 * grp + 2] = bytes(so_b[k][tok][grp])
-            rws.append(bytes(row))  # 8 bytes of the stage row and what follows it
-        so_rows.append(rws)
+def _mma32(a_frag, b_frag):
+    """m16n8k32 (KINT): a_frag[lane] = 4 registers of 4 values (rows g, g + 8; k 4t + i,
+    16 + 4t + i), b_frag[lane] = 2 registers of 4 (k 4t + i, 16 + 4t + i; column g)."""
+    A = [[0.0] * 32 for _ in range(16)]
+    B = [[0.0] * 8 for _ in range(32)]
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        for reg, (r, k) in zip(a_frag[lane], ((g, 4 * t), (g + 8, 4 * t), (g, 4 * t + 16),
+                                               (g + 8, 4 * t + 16))):
+            A[r][k:k + 4] = [float(v) for v in reg]
+        for reg, k in zip(b_frag[lane], (4 * t, 4 * t + 16)):
+            for i in range(4):
+                B[k + i][g] = reg[i]
+    C = [[sum(A[m][k] * B[k][n] for k in range(32)) for n in range(8)] for m in range(16)]
+    return [(C[g][2 * t], C[g][2 * t + 1], C[g + 8][2 * t], C[g + 8][2 * t + 1])
+            for g, t in ((lane >> 2, lane & 3) for lane in range(32))]
 
-    def so_pair(k, tok, grp):
-        byts = so_rows[k][tok][offs[k] + 2 * grp: offs[k] + 2 * grp + 2]
-        return _fp8(byts[0]), _fp8(byts[1])
 
-    def so_word(k, tok, cg):  # groups cg, cg + 1 (head_dim 96: two 16-bit reads)
-        return so_pair(k, tok, cg), so_pair(k, tok, cg + 1)
+def _k_side_int(q, stage_codes, hd, gs, a_bits, r_bits, rows, sl, d):
+    """KINT (query rows <= 4): u8 codes (`tc_emulation.unpack_k_int`) against the query as 16-bit
+    fixed point in two halves (hi, columns 0-3; lo, columns 4-7 of row g - 4) per row, its largest
+    |element| at QFIX; unrounded here (hi = floor((q16 + 128) / 256), lo = q16 - 256 hi exactly),
+    so the check is exact. Returns the K accumulators per loop and kf(lane, c, loop, x) ->
+    (x times column c's factor, the offset's sum q)."""
+    ng, ngr = d // gs, hd // gs
+    lanes = range(32)
+    qmax, qsum, qf = [0.0] * 32, [0.0] * 32, [[None] * 32 for _ in range(2)]
+    for lane in lanes:
+        g, t = lane >> 2, lane & 3
+        row = g & 3
+        gt, grp, h = sl * t // gs, row % ng, row // ng
+        a_rows = row < rows and grp == gt and (hd != 96 or gt < ngr)
+        for e in range(sl):
+            if a_rows:
+                assert sl * t + e < hd, "query read past head_dim"
+        qmax[lane] = max((abs(q[h][sl * t + e]) for e in range(sl)), default=0.0) if a_rows else 0.0
+        qsum[lane] = sum(q[h][sl * t + e] for e in range(sl)) if a_rows and g < 4 else 0.0
+    quadmax = [max(qmax[4 * (lane >> 2) + i] for i in range(4)) for lane in lanes]
+    qsum = [sum(qsum[4 * (lane >> 2) + i] for i in range(4)) for lane in lanes]
+    for lane in lanes:
+        g, t = lane >> 2, lane & 3
+        row = g & 3
+        gt, grp, h = sl * t // gs, row % ng, row // ng
+        a_rows = row < rows and grp == gt and (hd != 96 or gt < ngr)
+        for lp, b in enumerate((a_bits, r_bits)):
+            if not b:
+                continue
+            regs = []
+            for r in range(sl // 4):
+                reg = []
+                for bb in range(4):
+                    x = q[h][sl * t + emu.k_elem_int(r, bb, b)] if a_rows else 0.0
+                    q16 = x * emu.QFIX / quadmax[lane] if quadmax[lane] else 0.0
+                    qhi = math.floor((q16 + 128) / 256)
+                    reg.append(q16 - 256 * qhi if g >= 4 else qhi)
+                regs.append(reg)
+            qf[lp][lane] = [(regs[2 * s], regs[2 * s + 1]) for s in range(sl // 8)]
+    x = []
+    for lp, b in enumerate((a_bits, r_bits)):
+        if not b:
+            x.append(None)
+            continue
+        kb, buf, pitch = sl * b // 8, stage_codes[2 * lp], d * b // 8
+        u = {}
+        for lane in lanes:
+            g, t = lane >> 2, lane & 3
+            u[lane] = [[[int(v) for v in reg[0]] for reg in emu.unpack_k_int(
+                [np.array([w]) for w in _words(buf, tok * pitch + t * kb, kb)], b)]
+                for tok in (g, 8 + g)]
+        chains = [[[0.0] * 4 for _ in lanes] for _ in range(2)]
+        for s in range(sl // 8):
+            c = _mma32({lane: (u[lane][0][2 * s], u[lane][1][2 * s], u[lane][0][2 * s + 1],
+                               u[lane][1][2 * s + 1]) for lane in lanes},
+                       {lane: qf[lp][lane][s] for lane in lanes})
+            for lane in lanes:
+                chains[s % 2][lane] = [a + v for a, v in zip(chains[s % 2][lane], c[lane])]
+        x.append([[e * (1 << b) + o for e, o in zip(chains[0][lane], chains[1][lane])]
+                  for lane in lanes])
+
+    def kf(lane, c, lp, v):
+        t = lane & 3
+        src = 4 * (2 * (t & 1) + c)
+        bits = (a_bits, r_bits)[lp]
+        scale = quadmax[src] / emu.QFIX * (1.0 if t >= 2 else 256.0) / (1 << bits)
+        return v * scale, 0.0 if t >= 2 else qsum[src]
+    return x, kf
+
+
+def _k_side_f16(q, stage_codes, hd, gs, a_bits, r_bits, rows, sl, d):
+    """fp16 codes (magic 1024) against fp16 query fragments pre-divided by 2^pos, the folds.
+    Returns what `_k_side_int` does."""
+    ng, ngr = d // gs, hd // gs
+    lanes = range(32)
 
     def k_elem(r, half, bits):
         h = 16 // bits
         return (r // h) * (32 // bits) + half * h + r % h
 
-    qk_scale = 0.37
-    lanes = range(32)
     # ---- query fragments and folds per lane (loop 0: anchor, 1: residual)
     qf = [[None] * 32 for _ in range(2)]
     fold = [[0.0] * 32 for _ in range(2)]
@@ -164,28 +216,91 @@ def _tile(hd, gs, gq, a_bits, r_bits, hi, seed):
             for lane in lanes:
                 acc[lane] = [a + v for a, v in zip(acc[lane], c[lane])]
         x.append(acc)
+
+    def kf(lane, c, lp, v):
+        src = 4 * (2 * (lane & 3) + c)
+        return v - fold[lp][src], qsum[src]
+    return x, kf
+
+
+def _tile(hd, gs, gq, a_bits, r_bits, hi, seed):
+    rng = random.Random(seed)
+    d = 64 if hd == 64 else 128
+    ng, ngr, rows = d // gs, hd // gs, gq * (d // gs)
+    sl, nt = d // 4, d // 8
+    assert ng >= 2 and rows <= 8
+    kinds = [(a_bits, 0), (a_bits, 1)] + ([(r_bits, 0), (r_bits, 1)] if r_bits else [])
+    # pool values: codes [kind][tok][e], (scale, offset) bytes [kind][tok][group]
+    code = [[[rng.randrange(1 << b) for _ in range(hd)] for _ in range(16)] for b, _ in kinds]
+    so_b = [[[(rng.choice((0x30, 0x38, 0x41, 0xB8)), rng.choice((0x28, 0xA9, 0x00)))
+              for _ in range(ngr)] for _ in range(16)] for _ in kinds]
+    coef = [[rng.choice((1.0, 0.75, 1.25)) for _ in range(16)] for _ in range(2)]
+    q = [[rng.uniform(-1, 1) for _ in range(hd)] for _ in range(gq)]
+    # the stage: codes at pitch d * bits / 8 (only hd's bytes copied; junk past them), the
+    # (scale, offset) rows at offset off in 8 bytes (head_dim 96: 0 or 2), NaN/junk around
+    stage_codes, so_rows, offs = [], [], []
+    for k, (b, _) in enumerate(kinds):
+        pitch, nbytes = d * b // 8, hd * b // 8
+        buf = bytearray(rng.randrange(256) for _ in range(16 * pitch))
+        for tok in range(16):
+            v = sum(c << (b * e) for e, c in enumerate(code[k][tok]))
+            buf[tok * pitch: tok * pitch + nbytes] = v.to_bytes(nbytes, "little")
+        stage_codes.append(bytes(buf))
+        off = rng.choice((0, 2)) if hd == 96 else 0
+        offs.append(off)
+        rws = []
+        for tok in range(16):
+            row = bytearray(rng.choice((0x7F, 0xFF, 0x5A)) for _ in range(16))
+            for grp in range(ngr):
+                row[off + 2 * grp: off + 2 * grp + 2] = bytes(so_b[k][tok][grp])
+            rws.append(bytes(row))  # 8 bytes of the stage row and what follows it
+        so_rows.append(rws)
+
+    def so_pair(k, tok, grp):
+        byts = so_rows[k][tok][offs[k] + 2 * grp: offs[k] + 2 * grp + 2]
+        return _fp8(byts[0]), _fp8(byts[1])
+
+    def so_word(k, tok, cg):  # groups cg, cg + 1 (head_dim 96: two 16-bit reads)
+        return so_pair(k, tok, cg), so_pair(k, tok, cg + 1)
+
+    def k_elem(r, half, bits):
+        h = 16 // bits
+        return (r // h) * (32 // bits) + half * h + r % h
+
+    qk_scale = 0.37
+    lanes = range(32)
+    if rows <= 4:  # KINT: the K side on integer tensor cores
+        x, kf = _k_side_int(q, stage_codes, hd, gs, a_bits, r_bits, rows, sl, d)
+    else:
+        x, kf = _k_side_f16(q, stage_codes, hd, gs, a_bits, r_bits, rows, sl, d)
     # ---- logits of head ht for tokens g, 8 + g
     lg = [[0.0, 0.0] for _ in lanes]
     for lane in lanes:
         g, t = lane >> 2, lane & 3
-        cg, col_ok = (2 * t) % ng, 2 * t < rows
+        tq = t & 1 if rows <= 4 else t
+        cg, col_ok = (2 * tq) % ng, 2 * tq < rows
         for j in range(2):
             tk, acc = 8 * j + g, 0.0
             for c in range(2):
-                src = 4 * (2 * t + c)
                 sa = so_word(0, tk, cg)[c]
-                v = coef[0][tk] * (sa[0] * (x[0][lane][2 * j + c] - fold[0][src]) + sa[1] * qsum[src])
+                xs, off = kf(lane, c, 0, x[0][lane][2 * j + c])
+                v = coef[0][tk] * (sa[0] * xs + sa[1] * off)
                 if r_bits:
                     sr = so_word(2, tk, cg)[c]
-                    v += sr[0] * (x[1][lane][2 * j + c] - fold[1][src]) + sr[1] * qsum[src]
+                    xs, off = kf(lane, c, 1, x[1][lane][2 * j + c])
+                    v += sr[0] * xs + sr[1] * off
                 acc += v if col_ok and (hd != 96 or cg + c < ngr) else 0.0
             lg[lane][j] = acc
     if ng == 4:
         lg = [[a + b for a, b in zip(lg[lane], lg[lane ^ 1])] for lane in lanes]
+    if rows <= 4:  # the low halves' columns (lanes t >= 2)
+        lg = [[a + b for a, b in zip(lg[lane], lg[lane ^ 2])] for lane in lanes]
     for lane in lanes:
         g, t = lane >> 2, lane & 3
+        tq = t & 1 if rows <= 4 else t
         for j in range(2):
-            lg[lane][j] = lg[lane][j] * qk_scale if 2 * t < rows and 8 * j + g < hi else -INF
+            lg[lane][j] = lg[lane][j] * qk_scale if 2 * tq < rows and 8 * j + g < hi else -INF
+    quad = lambda v: [sum(v[4 * (lane >> 2) + i] for i in range(4)) for lane in lanes]  # noqa: E731
     # tile max per head, the logits moved to the V fragments, weights
     mt = [max(lg[lane]) for lane in lanes]
     for m in (4, 8, 16):
@@ -320,7 +435,6 @@ def _tile(hd, gs, gq, a_bits, r_bits, hi, seed):
                        for tok in range(hi))
             assert math.isclose(out[h][e], want, rel_tol=1e-9, abs_tol=1e-9), (h, e, out[h][e],
                                                                                  want)
-
 
 CASES = [  # head_dim, group_size, query heads per KV head, anchor bits, residual bits, tokens
     (64, 32, 3, 4, 2, 16), (64, 32, 2, 2, 4, 11), (64, 32, 4, 2, 0, 16), (64, 32, 1, 4, 4, 3),
