@@ -87,6 +87,15 @@ def _mma32(a_frag, b_frag):
             for g, t in ((lane >> 2, lane & 3) for lane in range(32))]
 
 
+def _query_row(lane, sl, gs, ng, ngr, rows, hd, kint):
+    """(head h, whether slice t feeds it) of the query row lane g builds: row g, or under KINT row
+    g & 3 (columns g >= 4 hold the low halves of row g - 4)."""
+    g, t = lane >> 2, lane & 3
+    row = g & 3 if kint else g
+    gt, grp = sl * t // gs, row % ng
+    return row // ng, row < rows and grp == gt and (hd != 96 or gt < ngr)
+
+
 def _k_side_int(q, stage_codes, hd, gs, a_bits, r_bits, rows, sl, d):
     """KINT (query rows <= 4): u8 codes (`tc_emulation.unpack_k_int`) against the query as 16-bit
     fixed point in two halves (hi, columns 0-3; lo, columns 4-7 of row g - 4) per row, its largest
@@ -98,9 +107,7 @@ def _k_side_int(q, stage_codes, hd, gs, a_bits, r_bits, rows, sl, d):
     qmax, qsum, qf = [0.0] * 32, [0.0] * 32, [[None] * 32 for _ in range(2)]
     for lane in lanes:
         g, t = lane >> 2, lane & 3
-        row = g & 3
-        gt, grp, h = sl * t // gs, row % ng, row // ng
-        a_rows = row < rows and grp == gt and (hd != 96 or gt < ngr)
+        h, a_rows = _query_row(lane, sl, gs, ng, ngr, rows, hd, True)
         for e in range(sl):
             if a_rows:
                 assert sl * t + e < hd, "query read past head_dim"
@@ -110,9 +117,7 @@ def _k_side_int(q, stage_codes, hd, gs, a_bits, r_bits, rows, sl, d):
     qsum = [sum(qsum[4 * (lane >> 2) + i] for i in range(4)) for lane in lanes]
     for lane in lanes:
         g, t = lane >> 2, lane & 3
-        row = g & 3
-        gt, grp, h = sl * t // gs, row % ng, row // ng
-        a_rows = row < rows and grp == gt and (hd != 96 or gt < ngr)
+        h, a_rows = _query_row(lane, sl, gs, ng, ngr, rows, hd, True)
         for lp, b in enumerate((a_bits, r_bits)):
             if not b:
                 continue
@@ -173,9 +178,7 @@ def _k_side_f16(q, stage_codes, hd, gs, a_bits, r_bits, rows, sl, d):
     qsum = [0.0] * 32
     for lane in lanes:
         g, t = lane >> 2, lane & 3
-        gt, grp, h = sl * t // gs, g % ng, g // ng
-        row_ok = g < rows
-        a_rows = row_ok and grp == gt and (hd != 96 or gt < ngr)
+        h, a_rows = _query_row(lane, sl, gs, ng, ngr, rows, hd, False)
         for lp, b in enumerate((a_bits, r_bits)):
             if not b:
                 continue

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (scratch/ncu28.py below is benchmarks/results/h200_2026-12-04_scripts/ncu27.py, copied unchanged)
 set -uo pipefail
 OUT=${OUT:-/tmp/rq-out}; T0=$(date +%s)
 export TRITON_CACHE_DIR=/tmp/triton-cache PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
