@@ -1,0 +1,151 @@
+"""Two revisions of the CUDA tensor-core decode kernel side by side in one process: the working
+tree's `csrc/rq_decode_tc.cu` ("new") against the same file at a git revision ("base").
+
+``python benchmarks/bench_tc_ab.py --base REV --out DIR [--reps N] [--no-step] [--deadline S]
+[--dry-run]``
+
+First each arm is checked against the fp32 twin at a small batch of every family
+(`bench_decode.check`: flash-attn rule, bf16 SDPA yardstick); an arm that fails is reported and
+the timing still runs. Then per point (`POINTS`: Ouro-, Huginn- and SmolLM2-shaped batches) both
+arms time `decode_attention` with the tc kernel exactly as `bench_decode` does (CUDA-graph
+replay, L2 flushed, median; time per layer-loop = (3 x residual loop + anchor loop) / 4), the
+arms' order alternating per rep; ``ratio`` = base time / new time (> 1: new is faster). Then,
+unless ``--no-step``, `bench_decode_step`'s Ouro-1.4B-shaped step at batch 2 and at the batch a
+32 GiB KV budget holds (16k context), both arms, same alternation. Writes
+``DIR/bench_tc_ab.json`` after every point; stops starting new points after ``--deadline``
+seconds.
+
+The kernel is loaded by file name (`rq_kernels.decode_tc.SOURCE`), so the base revision's source
+is written next to it as ``_ab_base.cu`` and removed at exit. ``--dry-run`` (CPU): writes that
+file, records the plan and removes it; no kernel runs (the tc kernel needs a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from benchmarks import bench_decode_step as step  # noqa: E402
+from benchmarks.bench_decode import check, inputs, time_loops  # noqa: E402
+from benchmarks.common import DEV, FAMILIES, pool, write_json  # noqa: E402
+from rq_kernels import cuda, decode_tc  # noqa: E402
+from rq_kernels.decode import DecodeLaunch  # noqa: E402
+from sglang_rq.config import RQConfig  # noqa: E402
+from sglang_rq.layout import kv_bytes_per_token  # noqa: E402
+
+T0 = time.time()
+POINTS = {
+    "ouro-1.4b": [(1, 8192), (2, 16384), (4, 8192), (4, 32768), (16, 16384), (64, 8192)],
+    "huginn-d96": [(4, 8192), (16, 16384), (64, 8192)],
+    "smollm2-gqa": [(4, 8192), (64, 8192)],
+}
+BASE_FILE = "_ab_base.cu"
+LOOPS = 4
+
+
+def write_base(rev: str) -> str:
+    """The kernel source at git revision ``rev``, written as csrc/``BASE_FILE`` (removed at exit);
+    returns the revision's full hash. Raises CalledProcessError for an unknown revision."""
+    sha = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT,
+                         check=True, capture_output=True, text=True).stdout.strip()
+    text = subprocess.run(["git", "show", f"{sha}:rq_kernels/csrc/{decode_tc.SOURCE}"], cwd=ROOT,
+                          check=True, capture_output=True, text=True).stdout
+    path = cuda.CSRC / BASE_FILE
+    path.write_text(text)
+    atexit.register(path.unlink, missing_ok=True)
+    return sha
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base", required=True, help="git revision of the base arm's kernel source")
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--no-step", action="store_true")
+    ap.add_argument("--deadline", type=float, default=480.0)
+    ap.add_argument("--dry-run", action="store_true")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    arms = {"new": decode_tc.SOURCE, "base": BASE_FILE}
+    res = dict(base=write_base(a.base), date=time.strftime("%Y-%m-%d"),
+               gpu=torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu (dry run)",
+               plan={f: [list(p) for p in ps] for f, ps in POINTS.items()},
+               checks=[], rows=[], step=[], skipped=[])
+    if a.dry_run or DEV != "cuda":
+        write_json(res, a.out, "bench_tc_ab.json")
+        return
+    cfg, launch = RQConfig(), DecodeLaunch(split_kernel="tc")
+
+    def each_arm(rep, fn):  # the arms in alternating order; fn(arm) -> value
+        order = ("new", "base") if rep % 2 == 0 else ("base", "new")
+        out = {}
+        for arm in order:
+            decode_tc.SOURCE = arms[arm]
+            try:
+                out[arm] = fn(arm)
+            finally:
+                decode_tc.SOURCE = arms["new"]
+        return out
+
+    def family(fam, pts):
+        hq, hkv, dim = FAMILIES[fam]
+        view = pool(cfg, hkv, dim, max(b * c for b, c in pts) + 2, LOOPS)
+        for arm, rows in each_arm(0, lambda arm: check(view, hq, hkv, dim, 2, 1024, LOOPS,
+                                                       ["tc"])).items():
+            res["checks"] += [dict(r, arm=arm, family=fam) for r in rows]
+        for rep in range(a.reps):
+            for b, ctx in pts:
+                if time.time() - T0 > a.deadline:
+                    res["skipped"].append(f"{fam} {b}x{ctx} rep {rep}")
+                    continue
+                q, kc, vc, ind, idx = inputs(view, hq, hkv, dim, b, ctx)
+                us = each_arm(rep, lambda arm: time_loops(launch, view, q, kc, vc, ind, idx,  # noqa: B023
+                                                          dim, LOOPS)[1] * 1e3)
+                row = dict(family=fam, batch=b, ctx=ctx, rep=rep, new_us=us["new"],
+                           base_us=us["base"], ratio=us["base"] / us["new"])
+                res["rows"].append(row)
+                print(f"{fam:12s} {b:3d} x {ctx:6d} rep {rep}: new {us['new']:8.1f} us, base "
+                      f"{us['base']:8.1f} us, base/new {row['ratio']:.3f}", flush=True)
+                write_json(res, a.out, "bench_tc_ab.json")
+
+    for fam, pts in POINTS.items():
+        family(fam, pts)
+        torch.cuda.empty_cache()
+    if not a.no_step:
+        s = step.Shape(False)
+        weights = step.make_weights(s)
+        b32 = step.max_batch(kv_bytes_per_token(s.kv, cfg), 16384, 32 << 30)
+        for rep in range(a.reps):
+            for b in (2, b32):
+                if time.time() - T0 > a.deadline:
+                    res["skipped"].append(f"step b={b} rep {rep}")
+                    continue
+
+                def one(arm, b=b):
+                    cache = step.RQCache(s, b, 16384, cfg)
+                    try:
+                        return step.time_step(s, weights, cache, b)
+                    finally:
+                        del cache
+                        torch.cuda.empty_cache()
+                ms = each_arm(rep, one)
+                row = dict(batch=b, ctx=16384, rep=rep, new_ms=ms["new"], base_ms=ms["base"],
+                           ratio=ms["base"] / ms["new"])
+                res["step"].append(row)
+                print(f"step b={b:3d} rep {rep}: new {ms['new']:.2f} ms, base {ms['base']:.2f} ms, "
+                      f"base/new {row['ratio']:.3f}", flush=True)
+                write_json(res, a.out, "bench_tc_ab.json")
+    res["elapsed_s"] = time.time() - T0
+    write_json(res, a.out, "bench_tc_ab.json")
+
+
+if __name__ == "__main__":
+    main()

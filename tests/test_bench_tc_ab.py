@@ -1,0 +1,36 @@
+"""`benchmarks/bench_tc_ab.py` without a GPU: the base arm's source is the kernel at the given git
+revision, written next to the kernel and removed at exit; a revision git does not know fails."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = ROOT / "rq_kernels" / "csrc" / "_ab_base.cu"
+
+
+def _run(tmp_path, rev):
+    return subprocess.run([sys.executable, "benchmarks/bench_tc_ab.py", "--base", rev, "--out",
+                           str(tmp_path), "--dry-run"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_dry_run_records_the_base_revision_and_cleans_up(tmp_path):
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    r = _run(tmp_path, "HEAD")
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((tmp_path / "bench_tc_ab.json").read_text())
+    assert res["base"] == head
+    assert res["plan"]["ouro-1.4b"][0] == [1, 8192] and set(res["plan"]) == {
+        "ouro-1.4b", "huginn-d96", "smollm2-gqa"}
+    assert not BASE.exists()
+
+
+def test_unknown_revision_fails(tmp_path):
+    r = _run(tmp_path, "no-such-revision-xyz")
+    assert r.returncode != 0 and "no-such-revision-xyz" in r.stderr
+    assert not BASE.exists()
