@@ -4,7 +4,7 @@
 #
 #   benchmarks/gpu_session.sh STEP...
 #   steps: doctor gpuserver gputests kernels bench-extend bench-decode ops serving-card
-#          serving-budget tp2 profile-server
+#          serving-budget tp2 profile-server tc-ab
 #
 # Env: BUNDLE (default .gpu-bundle/sglang-rq-bundle.tar.xz, from `sglang-rq bundle`), SITE (where
 # it is unpacked, default /tmp/rq-site), OUT (results, default /tmp/rq-out), DATA (held-out text,
@@ -12,7 +12,8 @@
 # default .gpu-bundle/smollm2-tokenizer), MAX_S (skip steps that start after this many seconds),
 # CARD_ARGS (extra flags of the card suite, e.g. --offered 0), GPUTESTS (test files of the gputests
 # step), TESTS_K (-k filter of the gpuserver step), BENCH_ARGS (extra flags of the bench-* steps,
-# e.g. --mixed-only for bench-extend).
+# e.g. --mixed-only for bench-extend), BASE_REV (the tc-ab step's base revision, default main: the
+# working tree's tc kernel against it, `benchmarks/bench_tc_ab.py`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rq-out}; SITE=${SITE:-/tmp/rq-site}; mkdir -p "$OUT"
@@ -39,6 +40,9 @@ for step in "$@"; do
     bench-extend|bench-decode|bench-commit)
       timeout 300 python3 "benchmarks/bench_${step#bench-}.py" --out "$OUT" ${BENCH_ARGS:-} 2>&1 \
         | tee "$OUT/$step.txt" | tail -30 ;;
+    tc-ab)
+      timeout 540 python3 benchmarks/bench_tc_ab.py --base "${BASE_REV:-main}" --out "$OUT" \
+        ${BENCH_ARGS:-} 2>&1 | tee "$OUT/tc-ab.txt" | tail -30 ;;
     kernels)
       timeout 360 python3 -m pytest -q -rs -p no:cacheprovider -x tests/kernels 2>&1 \
         | tee "$OUT/kernels.txt" | tail -20 ;;
