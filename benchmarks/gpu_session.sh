@@ -18,8 +18,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rq-out}; SITE=${SITE:-/tmp/rq-site}; mkdir -p "$OUT"
 T0=$(date +%s); el() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
-if [ ! -d "$SITE/sglang" ]; then
-  mkdir -p "$SITE" && tar -xJf "${BUNDLE:-.gpu-bundle/sglang-rq-bundle.tar.xz}" -C "$SITE" || exit 3
+BUNDLE=${BUNDLE:-.gpu-bundle/sglang-rq-bundle.tar.xz}
+if [ ! -d "$SITE/sglang" ] && [ -f "$BUNDLE" ]; then
+  mkdir -p "$SITE" && tar -xJf "$BUNDLE" -C "$SITE" || exit 3
+elif [ ! -d "$SITE/sglang" ]; then  # the kernel steps (kernels, bench-*, tc-ab) need no SGLang
+  el "no bundle at $BUNDLE: the steps that serve (doctor, gpuserver, serving-*, tp2) will fail"
 fi
 export PYTHONPATH=$PWD:$SITE PYTHONUNBUFFERED=1
 export SGLANG_RQ_DATA_DIR=${DATA:-$PWD/.gpu-bundle/data} TRITON_CACHE_DIR=/tmp/triton-cache
