@@ -14,9 +14,11 @@ executed. Step 2 (a child process with ``--triton-site`` first on ``sys.path``, 
 install --target DIR triton==3.6.0`` copy: the H200's Triton): compile each recorded launch for
 ``GPUTarget("cuda", 90, 128)`` and read ``cuobjdump -sass``/``-res-usage`` from that Triton's
 wheel. Reported per kernel: registers, spill stack, total instructions, and the opcode histogram
-of the largest backward-branch region (the main loop). Per-code figures: the loop's instructions
-per thread divided by the codes one thread handles per loop iteration (``codes_per_iter`` in the
-JSON, computed from the launch: tile tokens x head_dim x (K, V) x (anchor, residual) / threads).
+of the largest backward-branch region (the main loop; for the CUDA kernel the smallest region
+holding its MMAs, the tile loop, which the fused merge after it would otherwise be counted
+with). Per-code figures: the loop's instructions per thread divided by the codes one thread
+handles per loop iteration (``codes_per_iter`` in the JSON, computed from the launch: tile
+tokens x head_dim x (K, V) x (anchor, residual) / threads).
 """
 
 from __future__ import annotations
@@ -128,19 +130,28 @@ def capture(cases: list[str]) -> list[dict]:
     return records
 
 
-def _loop_stats(sass: str) -> dict:
+def _loop_stats(sass: str, mma_loop: bool = False) -> dict:
+    """Total instructions and the opcode histogram of one loop of ``sass`` (``cuobjdump -sass``):
+    the largest backward-branch region, or with ``mma_loop`` the smallest one holding an MMA
+    (HMMA/IMMA: the tc decode kernel's tile loop, which the merge code after it would otherwise
+    enclose in a larger region)."""
     ins = []
     for line in sass.splitlines():
         m = re.search(r"/\*([0-9a-f]{4,6})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)([^;]*)", line)
         if m:
             ins.append((int(m.group(1), 16), m.group(2), m.group(3)))
+    mmas = [a for a, op, _ in ins if op.startswith(("HMMA", "IMMA"))]
     best = None
     for addr, op, rest in ins:
         if op == "BRA":
             t = re.search(r"0x([0-9a-f]+)", rest)
             if t and int(t.group(1), 16) < addr:
                 lo = int(t.group(1), 16)
-                if best is None or addr - lo > best[1] - best[0]:
+                if mma_loop:
+                    if any(lo <= a <= addr for a in mmas) and (
+                            best is None or addr - lo < best[1] - best[0]):
+                        best = (lo, addr)
+                elif best is None or addr - lo > best[1] - best[0]:
                     best = (lo, addr)
     total = collections.Counter(op for _, op, _ in ins)
     loop = collections.Counter(op for a, op, _ in ins if best and best[0] <= a <= best[1])
@@ -148,7 +159,7 @@ def _loop_stats(sass: str) -> dict:
                 loop_ops=dict(loop.most_common(25)))
 
 
-def _cubin_stats(cubin: bytes, tools: str) -> dict:
+def _cubin_stats(cubin: bytes, tools: str, mma_loop: bool = False) -> dict:
     """Registers, spill stack and `_loop_stats` of a cubin, read with ``cuobjdump`` in ``tools``."""
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cubin)
@@ -159,7 +170,7 @@ def _cubin_stats(cubin: bytes, tools: str) -> dict:
     os.unlink(f.name)
     regs, stack = re.search(r"REG:(\d+)", res), re.search(r"STACK:(\d+)", res)
     return dict(registers=int(regs.group(1)) if regs else None,
-                stack_bytes=int(stack.group(1)) if stack else None, **_loop_stats(sass))
+                stack_bytes=int(stack.group(1)) if stack else None, **_loop_stats(sass, mma_loop))
 
 
 def compile_records(records: list[dict], site: str) -> list[dict]:
@@ -215,7 +226,7 @@ def compile_cuda(tools: str, cases: list[str]) -> list[dict]:
             rows.append(dict(case=case, path=path, kernel=KERNEL, options=defines,
                              compiler="nvcc" if cuda.nvcc_path() else "nvrtc",
                              codes_per_iter=16 * occ.subtiles * dim * 2 * (2 if r_bits else 1) // 32,
-                             **_cubin_stats(cubin, tools)))
+                             **_cubin_stats(cubin, tools, mma_loop=True)))
     return rows
 
 
