@@ -286,32 +286,31 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
                 qa = [[None, None] for _ in range(K_STEPS)]
                 qr = [[None, None] for _ in range(K_STEPS)]
                 qsum = np.zeros(32, F32)
-            fold_a = np.zeros(32, F32)
-            fold_r = np.zeros(32, F32)
-            for r in range(0 if kint else SL // 2):
-                v = [None, None]
-                w = [None, None]
-                for half in range(2):
-                    e = SL * T + k_elem(r, half, a_bits)
-                    x = np.where(a_rows, bf16r(qrow[LANES, e]), F32(0))
-                    v[half] = (x * F32(1.0 / (1 << pos(r % HA, a_bits, True)))).astype(F32)
-                    qsum = (qsum + x).astype(F32)
+                fold_a = np.zeros(32, F32)
+                fold_r = np.zeros(32, F32)
+                for r in range(SL // 2):
+                    v = [None, None]
+                    w = [None, None]
+                    for half in range(2):
+                        e = SL * T + k_elem(r, half, a_bits)
+                        x = np.where(a_rows, bf16r(qrow[LANES, e]), F32(0))
+                        v[half] = (x * F32(1.0 / (1 << pos(r % HA, a_bits, True)))).astype(F32)
+                        qsum = (qsum + x).astype(F32)
+                        if r_bits:
+                            e2 = SL * T + k_elem(r, half, r_bits)
+                            y = np.where(a_rows, bf16r(qrow[LANES, e2]), F32(0))
+                            w[half] = (y * F32(1.0 / (1 << pos(r % (16 // r_bits), r_bits, True)))).astype(F32)
+                    qa[r // 2][r % 2] = (f16r(v[0]), f16r(v[1]))
+                    fold_a = (fold_a + F32(1024) * (qa[r // 2][r % 2][0] + qa[r // 2][r % 2][1])).astype(F32)
                     if r_bits:
-                        e2 = SL * T + k_elem(r, half, r_bits)
-                        y = np.where(a_rows, bf16r(qrow[LANES, e2]), F32(0))
-                        w[half] = (y * F32(1.0 / (1 << pos(r % (16 // r_bits), r_bits, True)))).astype(F32)
-                qa[r // 2][r % 2] = (f16r(v[0]), f16r(v[1]))
-                fold_a = (fold_a + F32(1024) * (qa[r // 2][r % 2][0] + qa[r // 2][r % 2][1])).astype(F32)
-                if r_bits:
-                    qr[r // 2][r % 2] = (f16r(w[0]), f16r(w[1]))
-                    fold_r = (fold_r + F32(1024) * (qr[r // 2][r % 2][0] + qr[r // 2][r % 2][1])).astype(F32)
-            for m in (() if kint else (1, 2)):
-                fold_a = fold_a + xor(fold_a, m)
-                fold_r = fold_r + xor(fold_r, m)
-                qsum = qsum + xor(qsum, m)
-            cf_a = [shfl(fold_a, 4 * (2 * T + c)) for c in range(2)]
-            cf_r = [shfl(fold_r, 4 * (2 * T + c)) for c in range(2)]
-            if not kint:
+                        qr[r // 2][r % 2] = (f16r(w[0]), f16r(w[1]))
+                        fold_r = (fold_r + F32(1024) * (qr[r // 2][r % 2][0] + qr[r // 2][r % 2][1])).astype(F32)
+                for m in (1, 2):
+                    fold_a = fold_a + xor(fold_a, m)
+                    fold_r = fold_r + xor(fold_r, m)
+                    qsum = qsum + xor(qsum, m)
+                cf_a = [shfl(fold_a, 4 * (2 * T + c)) for c in range(2)]
+                cf_r = [shfl(fold_r, 4 * (2 * T + c)) for c in range(2)]
                 cq = [shfl(qsum, 4 * (2 * T + c)) for c in range(2)]
             for split in range(splits):
                 lo = split * per_split
