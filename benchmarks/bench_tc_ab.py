@@ -1,5 +1,6 @@
 """Two revisions of the CUDA tensor-core decode kernel side by side in one process: the working
-tree's `csrc/rq_decode_tc.cu` ("new") against the same file at a git revision ("base").
+tree's `csrc/rq_decode_tc.cu` ("new") against the same file at a git revision, or a saved copy of it
+(a .cu path, where the checkout has no git directory) ("base").
 
 ``python benchmarks/bench_tc_ab.py --base REV --out DIR [--reps N] [--no-step] [--deadline S]
 [--dry-run]``
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import hashlib
 import os
 import subprocess
 import sys
@@ -52,12 +54,18 @@ LOOPS = 4
 
 
 def write_base(rev: str) -> str:
-    """The kernel source at git revision ``rev``, written as csrc/``BASE_FILE`` (removed at exit);
-    returns the revision's full hash. Raises CalledProcessError for an unknown revision."""
-    sha = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT,
-                         check=True, capture_output=True, text=True).stdout.strip()
-    text = subprocess.run(["git", "show", f"{sha}:rq_kernels/csrc/{decode_tc.SOURCE}"], cwd=ROOT,
-                          check=True, capture_output=True, text=True).stdout
+    """The base arm's kernel source, written as csrc/``BASE_FILE`` (removed at exit): ``rev`` is a
+    git revision (returns its full hash) or the path of a .cu file (for a checkout without its git
+    directory, as on the lent GPU host; returns ``file:<path> sha256:<hex>``). Raises
+    CalledProcessError for an unknown revision."""
+    if rev.endswith(".cu") and os.path.isfile(rev):
+        text = open(rev).read()
+        sha = f"file:{rev} sha256:{hashlib.sha256(text.encode()).hexdigest()}"
+    else:
+        sha = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT,
+                             check=True, capture_output=True, text=True).stdout.strip()
+        text = subprocess.run(["git", "show", f"{sha}:rq_kernels/csrc/{decode_tc.SOURCE}"],
+                              cwd=ROOT, check=True, capture_output=True, text=True).stdout
     path = cuda.CSRC / BASE_FILE
     path.write_text(text)
     atexit.register(path.unlink, missing_ok=True)
@@ -66,7 +74,7 @@ def write_base(rev: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--base", required=True, help="git revision of the base arm's kernel source")
+    ap.add_argument("--base", required=True, help="the base arm's kernel source: a git revision or a .cu file")
     ap.add_argument("--out", default=".")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--no-step", action="store_true")

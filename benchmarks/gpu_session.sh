@@ -12,8 +12,9 @@
 # default .gpu-bundle/smollm2-tokenizer), MAX_S (skip steps that start after this many seconds),
 # CARD_ARGS (extra flags of the card suite, e.g. --offered 0), GPUTESTS (test files of the gputests
 # step), TESTS_K (-k filter of the gpuserver step), BENCH_ARGS (extra flags of the bench-* steps,
-# e.g. --mixed-only for bench-extend), BASE_REV (the tc-ab step's base revision, default main: the
-# working tree's tc kernel against it, `benchmarks/bench_tc_ab.py`).
+# e.g. --mixed-only for bench-extend), BASE_REV (the tc-ab step's base: a git revision, or a saved
+# .cu file where the checkout travels without .git; default main; the working tree's tc kernel
+# against it, `benchmarks/bench_tc_ab.py`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rq-out}; SITE=${SITE:-/tmp/rq-site}; mkdir -p "$OUT"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "rq_kernels" / "csrc" / "_ab_base.cu"
+SAVED_SHA = "2b9b5d68650054a708383ee0df86c24e1f6f8f652d733291dc5d62ab52469f0c"
 
 
 def _run(tmp_path, rev):
@@ -33,4 +34,15 @@ def test_dry_run_records_the_base_revision_and_cleans_up(tmp_path):
 def test_unknown_revision_fails(tmp_path):
     r = _run(tmp_path, "no-such-revision-xyz")
     assert r.returncode != 0 and "no-such-revision-xyz" in r.stderr
+    assert not BASE.exists()
+
+
+def test_base_from_a_file(tmp_path):
+    src = tmp_path / "saved.cu"
+    src.write_text("// a saved kernel source\n")
+    r = _run(tmp_path, str(src))
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((tmp_path / "bench_tc_ab.json").read_text())
+    # sha256 of the bytes written above, by `sha256sum`
+    assert res["base"] == f"file:{src} sha256:" + SAVED_SHA
     assert not BASE.exists()
