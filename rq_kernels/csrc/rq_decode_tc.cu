@@ -103,6 +103,11 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 // (exact s32 sums, no magic); else fp16 codes against the fp16 query (m16n8k16, the magic
 // folded out)
 #define KINT (ROWS <= 4)
+// V side: codes as fp16 (magic 1024: one shift per word where bf16 needs 2-3) against fp16
+// weights W 2^-VPRE (2^-8: p <= 2^8 times an FP8 scale <= 448 stays below fp16's 65504; the
+// factor comes back in the epilogue)
+#define VF16 1
+#define VPRE 8
 #define KI_STEPS (D / 32)    // K: m16n8k32 steps per tile and loop (KINT)
 #define QFIX 32512.f         // KINT: the query row's largest |element| as fixed point (hi <= 127)
 
@@ -248,6 +253,22 @@ __device__ __forceinline__ float2 f16_pair(uint32_t h) {  // fp16x2 -> (low, hig
 }
 __device__ __forceinline__ float bf16_lo(uint32_t x) { return __uint_as_float(x << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t x) { return __uint_as_float(x & 0xFFFF0000u); }
+// V weights as the V MMA takes them (VF16: fp16 of W 2^-VPRE, else bf16 of W) and back (in
+// those units: W 2^-VPRE, or W)
+__device__ __forceinline__ uint32_t pack_w(float lo, float hi) {
+#if VF16
+  return pack_f16(lo * (1.f / (1 << VPRE)), hi * (1.f / (1 << VPRE)));
+#else
+  return pack_bf16(lo, hi);
+#endif
+}
+__device__ __forceinline__ float2 unpack_w(uint32_t x) {
+#if VF16
+  return f16_pair(x);
+#else
+  return make_float2(bf16_lo(x), bf16_hi(x));
+#endif
+}
 
 // Two FP8 e4m3 bytes (scale at the low byte, offset at the high byte) -> fp32 pair.
 __device__ __forceinline__ float2 fp8x2(uint16_t v) {
@@ -296,9 +317,9 @@ template <int BITS> __device__ __forceinline__ void unpack_v(const Words<NT * BI
   constexpr int NH = NT * BITS / 16;  // 16-bit halves per slice (1 at D = 64, 2 bits)
 #pragma unroll
   for (int w = 0; w < (NH + 1) / 2; ++w) {
-    unpack_word<BITS, false>(__byte_perm(a.w[w], b.w[w], 0x5410), u + w * 2 * H, magic);
+    unpack_word<BITS, VF16>(__byte_perm(a.w[w], b.w[w], 0x5410), u + w * 2 * H, magic);
     if (2 * w + 1 < NH)
-      unpack_word<BITS, false>(__byte_perm(a.w[w], b.w[w], 0x7632), u + w * 2 * H + H, magic);
+      unpack_word<BITS, VF16>(__byte_perm(a.w[w], b.w[w], 0x7632), u + w * 2 * H + H, magic);
   }
 }
 
@@ -687,7 +708,11 @@ __device__ __forceinline__ void v_mmas(float (&c)[NM][4], const uint32_t* u01,
                                        const uint32_t* u89, uint32_t b0, uint32_t b1) {
 #pragma unroll
   for (int m = 0; m < NM; ++m)
+#if VF16
+    mma_f16(c[m], u01[2 * m], u01[2 * m + 1], u89[2 * m], u89[2 * m + 1], b0, b1);
+#else
     mma_bf16(c[m], u01[2 * m], u01[2 * m + 1], u89[2 * m], u89[2 * m + 1], b0, b1);
+#endif
 }
 
 // The softmax rescale of V accumulators c by the factors f0, f1 of columns 2t, 2t + 1, draining
@@ -703,8 +728,8 @@ __device__ __forceinline__ void rescale_drain(float (&c)[NM][4], float& sw, int 
                                               float f1) {
   float s = sw + __shfl_xor_sync(0xffffffffu, sw, 1);
   s += __shfl_xor_sync(0xffffffffu, s, 2);  // column g's, over the quad's tokens
-  const float d0 = -magic_value<false>() * __shfl_sync(0xffffffffu, s, 4 * (2 * t)) * f0;
-  const float d1 = -magic_value<false>() * __shfl_sync(0xffffffffu, s, 4 * (2 * t + 1)) * f1;
+  const float d0 = -magic_value<VF16>() * __shfl_sync(0xffffffffu, s, 4 * (2 * t)) * f0;
+  const float d1 = -magic_value<VF16>() * __shfl_sync(0xffffffffu, s, 4 * (2 * t + 1)) * f1;
 #pragma unroll
   for (int l = 0; l < NM; ++l) {
     c[l][0] = fmaf(c[l][0], f0, d0); c[l][1] = fmaf(c[l][1], f1, d1);
@@ -940,7 +965,7 @@ rq_decode_tc_split(const Args A) {
 #if !KINT
   const uint32_t kmagic = magic_bits<true>();  // LOP3 operand
 #endif
-  const uint32_t vmagic = magic_bits<false>();
+  const uint32_t vmagic = magic_bits<VF16>();
   const int g = lane >> 2, t = lane & 3;
   // this warp's (split, KV head) of request b, KV head fastest: the CTA's warps are adjacent
   // units (adjacent KV heads of one split when num_kv_heads % 4 == 0: COOP copies their
@@ -1385,24 +1410,32 @@ rq_decode_tc_split(const Args A) {
 #endif
       l_run += p;
     }
-    uint32_t wa01 = pack_bf16(wa[0], wa[1]), wa89 = pack_bf16(wa[2], wa[3]);
+    uint32_t wa01 = pack_w(wa[0], wa[1]), wa89 = pack_w(wa[2], wa[3]);
+    const float2 fa01 = unpack_w(wa01), fa89 = unpack_w(wa89);
 #if R_BITS == 0
-    // no residual: the weights' bf16 remainder W - bf16(W) (exact in fp32) goes through the same
-    // anchor codes, so W reaches the MMA to ~16 bits. bf16(W) alone errs by up to 2^-9 W code,
-    // not 2^-9 W (code + m / s): in a group with a large offset (an outlier's range) that is
-    // several times bf16 SDPA's error.
-    const uint32_t lo01 = pack_bf16(wa[0] - bf16_lo(wa01), wa[1] - bf16_hi(wa01));
-    const uint32_t lo89 = pack_bf16(wa[2] - bf16_lo(wa89), wa[3] - bf16_hi(wa89));
+    // no residual: the weights' remainder W - round(W) (exact in fp32) goes through the same
+    // anchor codes, so W reaches the MMA to ~16 bits or more. bf16(W) alone errs by up to 2^-9
+    // W code, not 2^-9 W (code + m / s): in a group with a large offset (an outlier's range)
+    // that is several times bf16 SDPA's error.
+    constexpr float WS = VF16 ? float(1 << VPRE) : 1.f;  // unpack_w's units back to W's
+    const uint32_t lo01 = pack_w(wa[0] - WS * fa01.x, wa[1] - WS * fa01.y);
+    const uint32_t lo89 = pack_w(wa[2] - WS * fa89.x, wa[3] - WS * fa89.y);
+    const float2 fl01 = unpack_w(lo01), fl89 = unpack_w(lo89);
 #if PAIRED
     if (second) { wa01 = lo01; wa89 = lo89; }
+    const float sw_t = second ? fl01.x + fl01.y + fl89.x + fl89.y : fa01.x + fa01.y + fa89.x + fa89.y;
 #else
-    sw_a += bf16_lo(lo01) + bf16_hi(lo01) + bf16_lo(lo89) + bf16_hi(lo89);
+    sw_a += fl01.x + fl01.y + fl89.x + fl89.y;
+    const float sw_t = fa01.x + fa01.y + fa89.x + fa89.y;
 #endif
+#else
+    const float sw_t = fa01.x + fa01.y + fa89.x + fa89.y;
 #endif
-    sw_a += bf16_lo(wa01) + bf16_hi(wa01) + bf16_lo(wa89) + bf16_hi(wa89);
+    sw_a += sw_t;
 #if RES_ACC
-    const uint32_t wr01 = pack_bf16(wr[0], wr[1]), wr89 = pack_bf16(wr[2], wr[3]);
-    sw_r += bf16_lo(wr01) + bf16_hi(wr01) + bf16_lo(wr89) + bf16_hi(wr89);
+    const uint32_t wr01 = pack_w(wr[0], wr[1]), wr89 = pack_w(wr[2], wr[3]);
+    const float2 fr01 = unpack_w(wr01), fr89 = unpack_w(wr89);
+    sw_r += fr01.x + fr01.y + fr89.x + fr89.y;
 #endif
 
     // ---- V: NM m-tiles; rows g, 8 + g of m-tile mt are elements NT g + 2 mt, NT g + 2 mt + 1
@@ -1475,11 +1508,12 @@ rq_decode_tc_split(const Args A) {
       for (int c = 0; c < 2; ++c) {
         const int n = 2 * t + c;
         const float x = cv[l / 2][2 * (l % 2) + c];
-        if (n == col) v += (x - magic_value<false>() * swc_a[c]) * pos_scale<A_BITS, false>(l % HA);
+        constexpr float WS = VF16 ? float(1 << VPRE) : 1.f;  // the weights' units back to W's
+        if (n == col) v += (x - magic_value<VF16>() * swc_a[c]) * (WS * pos_scale<A_BITS, VF16>(l % HA));
 #if PAIRED  // columns 4-7: the residual's, or the remainder's over the anchor codes
-        if (n == col + 4) v += (x - magic_value<false>() * swc_a[c]) * pos_scale<SBITS, false>(l % HS);
+        if (n == col + 4) v += (x - magic_value<VF16>() * swc_a[c]) * (WS * pos_scale<SBITS, VF16>(l % HS));
 #elif RES_ACC
-        if (n == col) v += (cw[l / 2][2 * (l % 2) + c] - magic_value<false>() * swc_r[c]) * pos_scale<SBITS, false>(l % HS);
+        if (n == col) v += (cw[l / 2][2 * (l % 2) + c] - magic_value<VF16>() * swc_r[c]) * (WS * pos_scale<SBITS, VF16>(l % HS));
 #endif
       }
       v += __shfl_xor_sync(0xffffffffu, v, 1);

@@ -1,7 +1,7 @@
 """A NumPy emulation of `csrc/rq_decode_tc.cu` (the split kernel) with the kernel's roundings:
 the K side as u8 codes against a 16-bit fixed-point query in two s8 halves (exact s32 sums;
-query rows <= 4, KINT) or fp16 query fragments against fp16 codes (the folds), bf16 V weights,
-fp32 MMA accumulation, lazy rescaling. Lane
+query rows <= 4, KINT) or fp16 query fragments against fp16 codes (the folds), the V side as
+fp16 codes against fp16 weights W 2^-8 (VF16), fp32 MMA accumulation, lazy rescaling. Lane
 by lane (arrays over the 32 lanes of a warp), one warp per (request, KV head, split); plus the
 merge (`rq_decode_merge_kernel`, without rotation) in fp32. head_dim 64 and 128 only.
 """
@@ -63,6 +63,9 @@ MAGIC = {False: 128.0, True: 1024.0}  # magic_value<F16>: bf16 0x4300, fp16 0x64
 _SRC = (CSRC / "rq_decode_tc.cu").read_text()
 # tiles between the V magic drains (the kernel's DRAIN_TOKENS / 16)
 DRAIN_TILES = int(re.search(r"#define DRAIN_TOKENS (\d+)", _SRC)[1]) // 16
+# the V side: fp16 codes and weights W 2^-VPRE (VF16), or bf16 codes and weights
+VF16 = bool(int(re.search(r"#define VF16 (\d)", _SRC)[1]))
+VPRE = int(re.search(r"#define VPRE (\d+)", _SRC)[1]) if VF16 else 0
 # KINT (query rows <= 4): the fixed-point scale of a query row's largest |element|
 QFIX = float(re.search(r"#define QFIX ([0-9.]+)f", _SRC)[1])
 
@@ -198,7 +201,8 @@ def balanced_split(lengths, rows, fill_rows, step):
 
 def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_bits, r_bits,
                  qk_scale, num_splits, num_qo_heads, lazy=True, round_w=True, w_split=True,
-                 trunc=False, drain=True, fill_rows=0, step=16):
+                 trunc=False, drain=True, fill_rows=0, step=16, v_f16=VF16, v_pre=VPRE,
+                 drain_tiles=None):
     """w_split: the anchor-only loop (r_bits 0) carries the bf16 remainder of its V weights (paired:
     in B columns 4-7; else as a second MMA into the same accumulator; the fix); False mirrors
     the kernel before it (bf16 weights only). trunc: the MMAs' accumulation rounds toward zero
@@ -206,7 +210,11 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
     (``rescale_drain``); False mirrors the kernel before it. fill_rows > 0: balanced splits
     (`balanced_split`, ``num_splits`` = the rows the batch shares, ``step`` tokens per
     iteration); request b's splits then sit at [b, :, 0:count] and its unused rows hold nothing
-    (m -1e30, l 0, o 0). Returns mid_o [B, HQ, S, D], mid_ml [B, HQ, S, 2] (numpy fp32)."""
+    (m -1e30, l 0, o 0). v_f16: V codes as fp16 (magic 1024) and the V weights as fp16 times
+    2^-v_pre (the kernel's VF16, VPRE), else bf16 (the kernel before 12-04e); drain_tiles: tiles
+    between drains (default the kernel's). Returns mid_o [B, HQ, S, D], mid_ml [B, HQ, S, 2] (numpy fp32)."""
+    vmagic = F32(MAGIC[v_f16])
+    dtiles = drain_tiles or DRAIN_TILES
     ac, aso, rc, rso, cf = tensors  # numpy: codes [rows, 2, H, bytes], so [rows, 2, H, NG, 2], cf [rows, 2, H] fp32
     hd = head_dim
     D = 64 if hd == 64 else 128
@@ -408,7 +416,7 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
                     mt = np.where(v_ok, mt, -np.inf)
                     thr = 8.0 if lazy else 0.0
                     # the rescale, forced every DRAIN_TOKENS tokens for the drain
-                    if np.any(mt > m_run + thr) or (drain and it % DRAIN_TILES == DRAIN_TILES - 1):
+                    if np.any(mt > m_run + thr) or (drain and it % dtiles == dtiles - 1):
                         m_new = np.maximum(m_run, mt)
                         with np.errstate(invalid="ignore"):
                             f = np.where(m_new == -np.inf, F32(1), np.exp2(m_run - m_new)).astype(F32)
@@ -419,7 +427,7 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
                                 tot = sw + xor(sw, 1)
                                 tot = tot + xor(tot, 2)
                                 sc = np.stack([shfl(tot, 4 * (2 * T + c)) for c in (0, 1, 0, 1)], axis=1)
-                                d = (F32(-128) * sc * fc).astype(F32)
+                                d = (-vmagic * sc * fc).astype(F32)
                                 acc[:] = (acc.astype(np.float64) * fc[None] + d[None]).astype(F32)
                             sw_a = np.zeros(32, F32)
                             sw_r = np.zeros(32, F32)
@@ -457,11 +465,15 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
                             m_off = (m_off + p * off).astype(F32)
                         l_run = l_run + p
                     rw = bf16r if round_w else (lambda z: z)
+                    if v_f16:
+                        rw = f16r if round_w else (lambda z: z)
+                        wa = [(z * F32(2.0 ** -v_pre)).astype(F32) for z in wa]
+                        wr = [(z * F32(2.0 ** -v_pre)).astype(F32) for z in wr]
                     wa_raw = wa
                     wa = [rw(z) for z in wa]
                     wlo = None
                     if not r_bits:  # the bf16 remainder of the anchor weights (w_split)
-                        rem = [bf16r((w_ - r_).astype(F32)) if w_split else np.zeros(32, F32)
+                        rem = [rw((w_ - r_).astype(F32)) if w_split else np.zeros(32, F32)
                                for w_, r_ in zip(wa_raw, wa)]
                         if paired:  # columns 4-7
                             wa = [np.where(second, r_, w_) for r_, w_ in zip(rem, wa)]
@@ -483,9 +495,9 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
                         for a_, b_ in ((vv[0], vv[1]), (vv[2], vv[3])):
                             regs = []
                             for w_ in range((NH + 1) // 2):
-                                regs += unpack_word(perm(a_[w_], b_[w_], 0x5410), bits)
+                                regs += unpack_word(perm(a_[w_], b_[w_], 0x5410), bits, v_f16)
                                 if 2 * w_ + 1 < NH:
-                                    regs += unpack_word(perm(a_[w_], b_[w_], 0x7632), bits)
+                                    regs += unpack_word(perm(a_[w_], b_[w_], 0x7632), bits, v_f16)
                             out.append(regs)
                         return out
 
@@ -527,15 +539,16 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
                         for c in range(2):
                             ncol = 2 * T + c
                             x = cv[li // 2][:, 2 * (li % 2) + c]
-                            pa = F32(1.0 / (1 << pos(li % HA, a_bits)))
-                            v = v + np.where(ncol == col, (x - F32(128) * swa_c[c]) * pa, F32(0))
+                            sc_ = F32(2.0 ** v_pre)
+                            pa = F32(1.0 / (1 << pos(li % (16 // a_bits), a_bits, v_f16))) * sc_
+                            v = v + np.where(ncol == col, (x - vmagic * swa_c[c]) * pa, F32(0))
                             if paired:
-                                ps = F32(1.0 / (1 << pos(li % (16 // sb), sb)))
-                                v = v + np.where(ncol == col + 4, (x - F32(128) * swa_c[c]) * ps, F32(0))
+                                ps = F32(1.0 / (1 << pos(li % (16 // sb), sb, v_f16))) * sc_
+                                v = v + np.where(ncol == col + 4, (x - vmagic * swa_c[c]) * ps, F32(0))
                             elif r_bits:
                                 y = cw[li // 2][:, 2 * (li % 2) + c]
-                                pr = F32(1.0 / (1 << pos(li % (16 // r_bits), r_bits)))
-                                v = v + np.where(ncol == col, (y - F32(128) * swr_c[c]) * pr, F32(0))
+                                pr = F32(1.0 / (1 << pos(li % (16 // r_bits), r_bits, v_f16))) * sc_
+                                v = v + np.where(ncol == col, (y - vmagic * swr_c[c]) * pr, F32(0))
                             v = v.astype(F32)
                         v = (v + xor(v, 1)).astype(F32)
                         v = (v + xor(v, 2)).astype(F32)
