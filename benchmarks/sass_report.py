@@ -211,16 +211,17 @@ def compile_cuda(tools: str, cases: list[str]) -> list[dict]:
     128 wide)."""
     sys.path.insert(0, ROOT)
     from rq_kernels import cuda
-    from rq_kernels.decode_tc import KERNEL, OCCUPANCY, SOURCE, WARPS
+    from rq_kernels.decode_tc import KERNEL, OCCUPANCY, SOURCE, WARPS, integer_k
 
     text = (cuda.CSRC / SOURCE).read_text()
     rows = []
     for case in cases:
         hq, hkv, dim = CASES[case]
+        int_k = integer_k(hq // hkv, dim, 32)
         for (path, r_bits, coef), occ in itertools.product(
-                (("decode residual", 2, 1), ("decode anchor", 0, 0)), OCCUPANCY):
+                (("decode residual", 2, 1), ("decode anchor", 0, 0)), OCCUPANCY[int_k]):
             defines = dict(HEAD_DIM=dim, A_BITS=4, R_BITS=r_bits, GS=32, GQ=hq // hkv,
-                           HAS_COEF=coef, WARPS=WARPS, MINB=occ.ctas_per_sm,
+                           HAS_COEF=coef, WARPS=WARPS, KINT=int(int_k), MINB=occ.ctas_per_sm,
                            STAGES=occ.stages, SUBT=occ.subtiles)
             cubin = cuda._compile(text, SOURCE, defines, "sm_90")  # noqa: SLF001 - same cache
             rows.append(dict(case=case, path=path, kernel=KERNEL, options=defines,

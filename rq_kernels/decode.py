@@ -33,7 +33,7 @@ from rq_kernels._host import (
     require_kernel, rotation_args, strides3, unsupported_reason,
 )
 from rq_kernels.decode_tc import (
-    balanced_rows, carveout_percent, merge_counters, query_rotation, tc_plan, tc_split,
+    balanced_rows, carveout_percent, integer_k, merge_counters, query_rotation, tc_plan, tc_split,
     tc_unsupported_reason,
 )
 from rq_kernels.triton.decode_fma import rq_decode_fma_split_kernel
@@ -222,6 +222,7 @@ def decode_attention(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tensor,
             if not interp:
                 cuda.set_carveout(rotate.function, carveout_percent(dev.index))
         occupancy, splits = tc_plan(B, HKV, kv_indices.numel(), _num_sms(dev.index or 0),
+                                    integer_k(gq, view.head_dim, view.cfg.group_size),
                                     splits=launch.num_splits)
         # token-balanced splits unless the caller fixed the count (for one request equal splits
         # already are)

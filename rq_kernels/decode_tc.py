@@ -39,28 +39,39 @@ class Occupancy(NamedTuple):
     subtiles: int
 
 
-# 3 CTAs of 2 stages (168 registers) beat 2 CTAs of 3 stages (189 registers) by 4-8 % at batch
-# 2-16 on the H200, and lost 4-10 % where one split per (request, KV head) already fills 2 CTAs
-# per SM (64 x 8k; 55 x 16k): benchmarks/results/h200_2026-12-01c_tc_occupancy_ab.json. The
-# 2-CTA shape runs 32-token iterations over 4 stages (~200 registers): 1.03-1.12x faster than 16
-# with 3 stages at every point that picks it (Ouro 64 x 8k, 55 x 16k, 128 x 4k; Huginn 64 x 8k,
-# 40 x 16k; SmolLM2 320 x 4k), the 3-CTA shape unchanged under the larger carveout (0.99-1.00x);
-# 32-token iterations at 3 CTAs (4 stages, ~100 % carveout, 4-byte spills) were 1.16-1.39x
-# slower (SmolLM2 16 x 16k: 0.98x)
+# The wide shape (16-token iterations, 2 stages) while two splits per (request, KV head) fit one
+# wave, else the narrow one: 2 CTAs running 32-token iterations over 4 stages (~200 registers),
+# 1.03-1.12x faster than 16-token iterations where one split per unit already fills the GPU
 # (2026-12-02f, benchmarks/results/h200_2026-12-02f_tc_hybrid_ab.json, ..._tc_subtiles_ab.json).
-# After the V map of 2026-12-02h (163 / 180 registers): 3 stages in the 3-CTA shape 0.97-0.99x,
-# 4 CTAs of 2 stages (128 registers, 36 bytes of spills) 0.69-0.94x
-# (benchmarks/results/h200_2026-12-02h_tc_stages3_ab.json, ..._tc_vmap_ab.json).
-OCCUPANCY = (Occupancy(3, 2, 1), Occupancy(2, 4, 2))
+# The wide shape is 4 CTAs (128 registers) on the integer K side: since its u8 codes and fp16 V
+# codes (12-04) the variant fits 128 registers without spills (Ouro) and 4 CTAs beat 3 by
+# 1.03-1.06x at Ouro 4 x 8k-16 x 16k, Huginn 16 x 16k and the Ouro step at 32 GiB (batch 13),
+# 0.99-1.02x elsewhere (batch 1-2, 64 x 8k, 55 x 16k; step at batch 2 0.99x)
+# (benchmarks/results/h200_2026-12-04f_occupancy4_ab.json). The fp16 K side keeps 3 CTAs (~144
+# registers): there 4 lost 1.02-1.06x (SmolLM2 4 x 8k, 64 x 8k; before 12-04, when spills came
+# with 128 registers, 4 CTAs lost everywhere: ..._2026-12-02h_tc_stages3_ab.json,
+# ..._2026-12-03f_qsmem_ab.json).
+OCCUPANCY = {True: (Occupancy(4, 2, 1), Occupancy(2, 4, 2)),  # integer K side: (wide, narrow)
+             False: (Occupancy(3, 2, 1), Occupancy(2, 4, 2))}  # fp16 K side
 
 
-def tc_occupancy(units: int, num_sms: int) -> Occupancy:
-    """The `OCCUPANCY` shape for ``units`` (request, KV head) pairs on ``num_sms`` SMs: the 3-CTA
-    shape while that leaves at least two splits per unit in one wave, else the 2-CTA one.
-    Tuned on the H200 (227 KB of shared memory per SM; a GPU with less may fit only 2 of the
-    3-CTA shape, which then keeps its register cap without the occupancy)."""
-    three, two = OCCUPANCY
-    return three if WARPS * three.ctas_per_sm * num_sms >= 2 * units else two
+def integer_k(group: int, head_dim: int, group_size: int) -> bool:
+    """Whether the split kernel's K side runs on integer tensor cores (the source's ``KINT``):
+    where the query rows, ``group`` query heads per KV head x groups of ``group_size`` per
+    `width`, fit half the MMA's 8 columns (<= 4; the low halves of the fixed-point query take
+    the other half): Ouro and Huginn (MHA), GQA 2 at head_dim 64. Else fp16 codes against the
+    fp16 query (SmolLM2's GQA 3)."""
+    return group * (width(head_dim) // group_size) <= 4
+
+
+def tc_occupancy(units: int, num_sms: int, int_k: bool) -> Occupancy:
+    """The `OCCUPANCY` shape of the K side ``int_k`` (`integer_k`) for ``units`` (request, KV
+    head) pairs on ``num_sms`` SMs: the wide shape while that leaves at least two splits per unit
+    in one wave, else the narrow one. Tuned on the H200 (227 KB of shared memory per SM; a GPU
+    with less may fit fewer CTAs of the wide shape, which then keep its register cap without
+    the occupancy)."""
+    wide, narrow = OCCUPANCY[int_k]
+    return wide if WARPS * wide.ctas_per_sm * num_sms >= 2 * units else narrow
 
 
 # A split's fixed cost in tile times: the query load and rotation, the pipeline's first tiles,
@@ -69,10 +80,11 @@ SPLIT_OVERHEAD_TILES = 2
 MIN_SPLIT_TILES = 4  # a split reads at least this many tiles (the previous one-wave rule's floor)
 
 
-def tc_plan(batch_size: int, num_kv_heads: int, nnz: int, num_sms: int,
+def tc_plan(batch_size: int, num_kv_heads: int, nnz: int, num_sms: int, int_k: bool,
             splits: int | None = None) -> tuple[Occupancy, int]:
     """The `OCCUPANCY` shape (`tc_occupancy`) and the splits per request's history for a decode
-    call of ``batch_size`` requests holding ``nnz`` history tokens in all, on ``num_sms`` SMs.
+    call of ``batch_size`` requests holding ``nnz`` history tokens in all, on ``num_sms`` SMs,
+    on the K side ``int_k`` (`integer_k`).
 
     The splits minimise the modelled time ``waves x (tiles per split + SPLIT_OVERHEAD_TILES)``:
     ``waves`` is the launch's CTAs (``batch_size x cdiv(splits x num_kv_heads, 4)``) over the
@@ -84,7 +96,7 @@ def tc_plan(batch_size: int, num_kv_heads: int, nnz: int, num_sms: int,
     ``num_splits_heuristic`` weighs the same wave efficiency); where one wave already fills,
     it is the one-wave count. ``splits``: a forced count (`DecodeLaunch.num_splits`), returned
     with the shape. Host-only (``nnz`` is host-known), so CUDA-graph friendly."""
-    occ = tc_occupancy(batch_size * num_kv_heads, num_sms)
+    occ = tc_occupancy(batch_size * num_kv_heads, num_sms, int_k)
     if splits:
         return occ, splits
     avg = max(1, nnz // max(1, batch_size))
@@ -107,8 +119,8 @@ def carveout_percent(index: int) -> int | None:
     """The preferred shared-memory carveout (percent of the SM's shared memory) of the split
     kernel and of the query rotation and merge launched around it on CUDA device ``index``: the
     least that holds the largest variant's `OCCUPANCY` shape (4-bit anchor and residual at width
-    128, plus the 1 KB the driver reserves per CTA; 66 % on the H200: 50 % before the 2-CTA shape
-    took 4 stages, which left the 3-CTA shape's speed unchanged). Programmatically dependent
+    128, plus the 1 KB the driver reserves per CTA; 67 % on the H200, the 4-CTA shape's: 50 %
+    before the 2-CTA shape took 4 stages, which left the 3-CTA shape's speed unchanged). Programmatically dependent
     CTAs can share an SM only if their kernels prefer the same carveout; left to the driver,
     the split kernel launched as a dependent of the rotation ran 1.1-1.3x slower at batch >= 2
     (12-02, `benchmarks/results/h200_2026-12-02e_decode_pdl_ab.json`), as it does with the
@@ -118,7 +130,7 @@ def carveout_percent(index: int) -> int | None:
         return None
     per_sm = torch.cuda.get_device_properties(index).shared_memory_per_multiprocessor
     need = max(o.ctas_per_sm * (WARPS * o.stages * stage_bytes(4, 4, 128) + 1024)
-               for o in OCCUPANCY)
+               for shapes in OCCUPANCY.values() for o in shapes)
     return min(100, -(-100 * need // per_sm))
 
 
@@ -341,7 +353,7 @@ def _tc_unsupported_reason(view: CompressedLayerView, loop_id: int, group: int,
     for t in (ac, aso, rc, rso, cf):  # row offsets are one 32 x 32 -> 64-bit multiply
         if t is not None and (t.shape[0] >= 2**32 or t.stride(0) * t.element_size() >= 2**32):
             return "pool rows or row strides not below 2^32"
-    for occupancy in OCCUPANCY:
+    for occupancy in OCCUPANCY[integer_k(group, hd, gs)]:
         defines, smem = _variant(view, loop_id, group, occupancy)
         why = cuda.load_reason(SOURCE, KERNEL, defines, device, shared_bytes=smem)
         if why is not None:
@@ -357,6 +369,7 @@ def _variant(view: CompressedLayerView, loop_id: int, group: int,
     coop = coop_copies(view, loop_id)
     defines = dict(HEAD_DIM=view.head_dim, A_BITS=a_bits, R_BITS=r_bits,
                    GS=view.cfg.group_size, GQ=group, HAS_COEF=int(cf is not None), WARPS=WARPS,
+                   KINT=int(integer_k(group, view.head_dim, view.cfg.group_size)),
                    MINB=occupancy.ctas_per_sm, STAGES=occupancy.stages,
                    SUBT=occupancy.subtiles, COOP=int(coop))
     small = occupancy.stages * coop_small_bytes(view.head_dim, view.cfg.group_size) if coop else 0

@@ -1,7 +1,7 @@
 """A NumPy emulation of `csrc/rq_decode_tc.cu` (the split kernel) with the kernel's roundings:
 the K side as u8 codes against a 16-bit fixed-point query in two s8 halves (exact s32 sums;
 query rows <= 4, KINT) or fp16 query fragments against fp16 codes (the folds), the V side as
-fp16 codes against fp16 weights W 2^-8 (VF16), fp32 MMA accumulation, lazy rescaling. Lane
+fp16 codes against fp16 weights W 2^-8 (VPRE), fp32 MMA accumulation, lazy rescaling. Lane
 by lane (arrays over the 32 lanes of a warp), one warp per (request, KV head, split); plus the
 merge (`rq_decode_merge_kernel`, without rotation) in fp32. head_dim 64 and 128 only.
 """
@@ -63,9 +63,8 @@ MAGIC = {False: 128.0, True: 1024.0}  # magic_value<F16>: bf16 0x4300, fp16 0x64
 _SRC = (CSRC / "rq_decode_tc.cu").read_text()
 # tiles between the V magic drains (the kernel's DRAIN_TOKENS / 16)
 DRAIN_TILES = int(re.search(r"#define DRAIN_TOKENS (\d+)", _SRC)[1]) // 16
-# the V side: fp16 codes and weights W 2^-VPRE (VF16), or bf16 codes and weights
-VF16 = bool(int(re.search(r"#define VF16 (\d)", _SRC)[1]))
-VPRE = int(re.search(r"#define VPRE (\d+)", _SRC)[1]) if VF16 else 0
+# the V side: fp16 codes and weights W 2^-VPRE
+VPRE = int(re.search(r"#define VPRE (\d+)", _SRC)[1])
 # KINT (query rows <= 4): the fixed-point scale of a query row's largest |element|
 QFIX = float(re.search(r"#define QFIX ([0-9.]+)f", _SRC)[1])
 
@@ -201,7 +200,7 @@ def balanced_split(lengths, rows, fill_rows, step):
 
 def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_bits, r_bits,
                  qk_scale, num_splits, num_qo_heads, lazy=True, round_w=True, w_split=True,
-                 trunc=False, drain=True, fill_rows=0, step=16, v_f16=VF16, v_pre=VPRE,
+                 trunc=False, drain=True, fill_rows=0, step=16, v_f16=True, v_pre=VPRE,
                  drain_tiles=None):
     """w_split: the anchor-only loop (r_bits 0) carries the bf16 remainder of its V weights (paired:
     in B columns 4-7; else as a second MMA into the same accumulator; the fix); False mirrors
@@ -211,7 +210,7 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
     (`balanced_split`, ``num_splits`` = the rows the batch shares, ``step`` tokens per
     iteration); request b's splits then sit at [b, :, 0:count] and its unused rows hold nothing
     (m -1e30, l 0, o 0). v_f16: V codes as fp16 (magic 1024) and the V weights as fp16 times
-    2^-v_pre (the kernel's VF16, VPRE), else bf16 (the kernel before 12-04e); drain_tiles: tiles
+    2^-v_pre (the kernel's VPRE), else bf16 (the kernel before 12-04f); drain_tiles: tiles
     between drains (default the kernel's). Returns mid_o [B, HQ, S, D], mid_ml [B, HQ, S, 2] (numpy fp32)."""
     vmagic = F32(MAGIC[v_f16])
     dtiles = drain_tiles or DRAIN_TILES

@@ -14,8 +14,8 @@ import pytest
 
 from rq_kernels import cuda
 from rq_kernels.decode_tc import (
-    HEAD_DIMS, OCCUPANCY, SOURCE, WARPS, _Args, coop_small_bytes, stage_bytes, tc_occupancy,
-    tc_plan, width,
+    HEAD_DIMS, OCCUPANCY, SOURCE, WARPS, _Args, coop_small_bytes, integer_k, stage_bytes,
+    tc_occupancy, tc_plan, width,
 )
 
 TEXT = (cuda.CSRC / SOURCE).read_text()
@@ -77,9 +77,10 @@ def test_stage_bytes_mirror_matches_the_cuda_source():
 
 
 VARIANTS = [dict(HEAD_DIM=hd, A_BITS=a, R_BITS=r, GS=gs, GQ=gq, HAS_COEF=coef, WARPS=WARPS,
-                 MINB=minb, STAGES=stages, SUBT=subt, COOP=coop)
-            for hd, a, r, gs, gq, coef, (minb, stages, subt), coop in itertools.product(
-                HEAD_DIMS, (2, 4), (0, 2, 4), (32, 64), (1, 2, 3, 4), (0, 1), OCCUPANCY, (0, 1))
+                 KINT=int(integer_k(gq, hd, gs)), MINB=minb, STAGES=stages, SUBT=subt, COOP=coop)
+            for hd, a, r, gs, gq, coef, coop in itertools.product(
+                HEAD_DIMS, (2, 4), (0, 2, 4), (32, 64), (1, 2, 3, 4), (0, 1), (0, 1))
+            for minb, stages, subt in OCCUPANCY[integer_k(gq, hd, gs)]
             if hd % gs == 0 and width(hd) // gs >= 2 and gq * width(hd) // gs <= 8
             and not (coef and r == 0 and a == 2) and not (coop and hd == 96)]
 # every fifth, the last, and the shapes of SmolLM2 (64, GQA 3), Huginn (96, MHA) and Ouro (128,
@@ -93,13 +94,15 @@ SHAPES = [d for d in VARIANTS if (d["HEAD_DIM"], d["GQ"], d["COOP"]) in (
 
 def test_the_variants_cover_every_head_dim():
     assert {d["HEAD_DIM"] for d in VARIANTS[::5]} == set(HEAD_DIMS)
-    assert len(SHAPES) == 3 * 2 * len(OCCUPANCY)
+    assert len(SHAPES) == 3 * 2 * 2  # (wide, narrow) shape each
+    assert {d["KINT"] for d in SHAPES} == {0, 1}
 
 
 @pytest.mark.skipif(cuda.nvrtc_path() is None, reason="libnvrtc not installed")
 @pytest.mark.parametrize(
     "defines", VARIANTS[::5] + [VARIANTS[-1]] + SHAPES,
-    ids=lambda d: "d{HEAD_DIM}a{A_BITS}r{R_BITS}g{GS}q{GQ}c{HAS_COEF}m{MINB}t{SUBT}o{COOP}".format(**d))
+    ids=lambda d: "d{HEAD_DIM}a{A_BITS}r{R_BITS}g{GS}q{GQ}c{HAS_COEF}k{KINT}m{MINB}t{SUBT}o{COOP}".format(
+        **d))
 def test_every_requested_variant_compiles(defines):
     cubin = cuda.compile_nvrtc(TEXT, SOURCE, defines, "sm_90")
     assert cubin[:4] == b"\x7fELF"
@@ -133,34 +136,59 @@ def test_no_working_compiler_is_an_error_naming_both(tmp_path, monkeypatch):
         cuda._compile(TEXT, SOURCE, VARIANTS[0], "sm_90")  # noqa: SLF001
 
 
+def test_integer_k_side_where_the_query_rows_fit_four_columns():
+    """Query heads per KV head x groups per width (head_dim rounded up to 64 or 128) <= 4."""
+    assert integer_k(1, 128, 32) and integer_k(1, 96, 32) and integer_k(2, 64, 32)
+    assert integer_k(2, 128, 64) and integer_k(4, 64, 64)
+    assert not integer_k(3, 64, 32) and not integer_k(2, 128, 32) and not integer_k(4, 128, 64)
+
+
 def test_occupancy_shape_follows_the_wave():
-    """3 CTAs of 4 warps per SM while two splits per (request, KV head) fit one wave, else 2:
-    on 132 SMs a wave of 3-CTA programs is 4 * 3 * 132 = 1,584 warps, i.e. 792 units."""
-    three, two = OCCUPANCY
-    assert three.ctas_per_sm == 3 and two.ctas_per_sm == 2
-    assert tc_occupancy(16 * 49, 132) == three  # 784 units
-    assert tc_occupancy(792, 132) == three
-    assert tc_occupancy(793, 132) == two
-    assert tc_occupancy(16 * 64, 132) == two  # 64 x 8k of the benchmark: one split each
+    """The wide shape while two splits per (request, KV head) fit one wave, else the narrow one
+    (2 CTAs). On 132 SMs a wave of 3-CTA programs (fp16 K side) is 4 * 3 * 132 = 1,584 warps,
+    i.e. 792 units; of 4-CTA programs (integer K side) 4 * 4 * 132 = 2,112 warps, 1,056 units."""
+    three, two = OCCUPANCY[False]
+    four, two_i = OCCUPANCY[True]
+    assert (three.ctas_per_sm, four.ctas_per_sm, two.ctas_per_sm, two_i.ctas_per_sm) == (3, 4, 2, 2)
+    assert tc_occupancy(16 * 49, 132, False) == three  # 784 units
+    assert tc_occupancy(792, 132, False) == three
+    assert tc_occupancy(793, 132, False) == two
+    assert tc_occupancy(16 * 64, 132, False) == two  # 64 x 8k: one split each
+    assert tc_occupancy(16 * 64, 132, True) == four
+    assert tc_occupancy(1056, 132, True) == four
+    assert tc_occupancy(1057, 132, True) == two_i
 
 
 def test_plan_fills_whole_waves():
-    """`tc_plan` on 132 SMs (Ouro: 16 KV heads), times in tile times, derived by hand.
+    """`tc_plan` on 132 SMs (16 KV heads), times in tile times, derived by hand.
 
-    55 x 16k: 880 pairs, so the 2-CTA shape (264 CTAs at once, 32-token iterations). One split
-    each is 220 CTAs, one partly filled wave of 1,024 tiles (+ 2 overhead) = 1,026; six are
-    55 x 24 = 1,320 CTAs = 5 full waves of cdiv(2731, 32) = 86 iterations = 172 tiles:
-    5 x 174 = 870. 16 x 16k: six splits are 384 CTAs <= 396, one wave; twelve need two waves of
-    86 + 2 (176 > 173), so the one-wave count stays. 1 x 8k: 86 splits read cdiv(8192, 86) =
-    96 tokens = 6 tiles (85 would read 97, 7 tiles); up to 99 still 6 tiles in one wave of
-    <= 396 CTAs, 100 need a second wave, so 86, the fewest. 64 x 8k: one split each is 256 of
-    264 CTAs. A forced count is returned with the shape."""
-    three, two = OCCUPANCY
-    assert tc_plan(55, 16, 55 * 16384, 132) == (two, 6)
-    assert tc_plan(16, 16, 16 * 16384, 132) == (three, 6)
-    assert tc_plan(1, 16, 8192, 132) == (three, 86)
-    assert tc_plan(64, 16, 64 * 8192, 132) == (two, 1)
-    assert tc_plan(55, 16, 55 * 16384, 132, splits=3) == (two, 3)
+    fp16 K side (3-CTA wide shape, 396 CTAs at once): 55 x 16k: 880 pairs, so the 2-CTA shape
+    (264 CTAs at once, 32-token iterations). One split each is 220 CTAs, one partly filled wave
+    of 1,024 tiles (+ 2 overhead) = 1,026; six are 55 x 24 = 1,320 CTAs = 5 full waves of
+    cdiv(2731, 32) = 86 iterations = 172 tiles: 5 x 174 = 870. 16 x 16k: six splits are 384
+    CTAs <= 396, one wave; twelve need two waves of 86 + 2 (176 > 173), so the one-wave count
+    stays. 1 x 8k: 86 splits read cdiv(8192, 86) = 96 tokens = 6 tiles (85 would read 97, 7
+    tiles); up to 99 still 6 tiles in one wave of <= 396 CTAs, 100 need a second wave, so 86,
+    the fewest. 64 x 8k: one split each is 256 of 264 CTAs. A forced count is returned with the
+    shape.
+
+    Integer K side (Ouro; 4-CTA wide shape, 528 CTAs at once): 16 x 16k: 8 splits are 512 CTAs,
+    one wave of 128 tiles (cost 130; 7: 147 + 2; 9: two waves of 114 + 2). 1 x 8k: 128 splits
+    (the most: 8192 / (4 x 16)) read 64 tokens = 4 tiles in one wave of 512 CTAs. 64 x 8k: 1,024
+    pairs keep the wide shape; 2 splits are 512 CTAs, one wave of 256 tiles (258; 1: 514; 4: two
+    waves of 128 + 2 = 260). 55 x 16k: 12 splits are 2,640 CTAs = 5 full waves of 86 tiles
+    (5 x 88 = 440; 11: 5 x 96 = 480; 13: 6 x 81 = 486; 7: 3 x 149 = 447)."""
+    three, two = OCCUPANCY[False]
+    assert tc_plan(55, 16, 55 * 16384, 132, False) == (two, 6)
+    assert tc_plan(16, 16, 16 * 16384, 132, False) == (three, 6)
+    assert tc_plan(1, 16, 8192, 132, False) == (three, 86)
+    assert tc_plan(64, 16, 64 * 8192, 132, False) == (two, 1)
+    assert tc_plan(55, 16, 55 * 16384, 132, False, splits=3) == (two, 3)
+    four, _ = OCCUPANCY[True]
+    assert tc_plan(16, 16, 16 * 16384, 132, True) == (four, 8)
+    assert tc_plan(1, 16, 8192, 132, True) == (four, 128)
+    assert tc_plan(64, 16, 64 * 8192, 132, True) == (four, 2)
+    assert tc_plan(55, 16, 55 * 16384, 132, True) == (four, 12)
 
 
 def _cuda_header() -> str | None:

@@ -346,7 +346,7 @@ def _tile(hd, gs, gq, a_bits, r_bits, hi, seed):
                     off += sr[1]
                 m_off[lane] += p * off
             l_run[lane] += p
-    # the V MMA's weights: W 2^-VPRE (fp16, VF16), back in the epilogue
+    # the V MMA's weights: W 2^-VPRE (fp16), back in the epilogue
     wsc = 2.0 ** -emu.VPRE
     w1 = {lane: [w * wsc for w in w1[lane]] for lane in lanes}
     w2 = {lane: [w * wsc for w in w2[lane]] for lane in lanes}
@@ -368,9 +368,9 @@ def _tile(hd, gs, gq, a_bits, r_bits, hi, seed):
             for a_, b_ in ((va[0], va[1]), (va[2], va[3])):
                 regs = []
                 for w in range((nh + 1) // 2):
-                    regs += _unpack_word(_perm(a_[w], b_[w], 0x5410), b, emu.VF16)
+                    regs += _unpack_word(_perm(a_[w], b_[w], 0x5410), b, True)
                     if 2 * w + 1 < nh:
-                        regs += _unpack_word(_perm(a_[w], b_[w], 0x7632), b, emu.VF16)
+                        regs += _unpack_word(_perm(a_[w], b_[w], 0x7632), b, True)
                 pair.append(regs)
             u[lane] = pair
 
@@ -391,7 +391,7 @@ def _tile(hd, gs, gq, a_bits, r_bits, hi, seed):
                 acc[lane][m] = [a + v for a, v in zip(acc[lane][m], c[lane])]
     l_run, m_off, sw = quad(l_run), quad(m_off), [quad(s) for s in sw]
     # ---- epilogue: element nt g + l's columns (head, group ge) picked over the quad
-    vm = emu.MAGIC[emu.VF16]  # the V codes' magic
+    vm = emu.MAGIC[True]  # the V codes' magic
     out = [[None] * d for _ in range(gq)]
     writes = [[0] * d for _ in range(gq)]
     ml = {}
@@ -406,12 +406,12 @@ def _tile(hd, gs, gq, a_bits, r_bits, hi, seed):
                 n, lane = 2 * t + c, 4 * g + t
                 x = cv[lane][l_ // 2][2 * (l_ % 2) + c]
                 if n == col:
-                    v += (x - vm * sw[0][4 * n]) / wsc / 2 ** _pos(l_ % (16 // a_bits), a_bits, emu.VF16)
+                    v += (x - vm * sw[0][4 * n]) / wsc / 2 ** _pos(l_ % (16 // a_bits), a_bits, True)
                     if r_bits and not paired:
                         y = cw[lane][l_ // 2][2 * (l_ % 2) + c]
-                        v += (y - vm * sw[1][4 * n]) / wsc / 2 ** _pos(l_ % (16 // r_bits), r_bits, emu.VF16)
+                        v += (y - vm * sw[1][4 * n]) / wsc / 2 ** _pos(l_ % (16 // r_bits), r_bits, True)
                 if paired and n == col + 4:
-                    v += (x - vm * sw[0][4 * n]) / wsc / 2 ** _pos(l_ % (16 // sb), sb, emu.VF16)
+                    v += (x - vm * sw[0][4 * n]) / wsc / 2 ** _pos(l_ % (16 // sb), sb, True)
             e = nt * g + l_
             out[hq][e] = 0.0 if hd == 96 and ge >= ngr else v + moff
             writes[hq][e] += 1
