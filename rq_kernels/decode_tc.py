@@ -49,8 +49,9 @@ class Occupancy(NamedTuple):
 # 0.99-1.02x elsewhere (batch 1-2, 64 x 8k, 55 x 16k; step at batch 2 0.99x)
 # (benchmarks/results/h200_2026-12-04f_occupancy4_ab.json). The fp16 K side keeps 3 CTAs (~144
 # registers): there 4 lost 1.02-1.06x (SmolLM2 4 x 8k, 64 x 8k; before 12-04, when spills came
-# with 128 registers, 4 CTAs lost everywhere: ..._2026-12-02h_tc_stages3_ab.json,
-# ..._2026-12-03f_qsmem_ab.json).
+# with 128 registers, 4 CTAs lost everywhere: ..._2026-12-02h_tc_vmap_ab.json,
+# ..._2026-12-03f_qsmem_ab.json). A third stage in the 4-CTA shape (79 % carveout) ran
+# 0.95-0.99x (..._2026-12-04f_stages3_ab.json).
 OCCUPANCY = {True: (Occupancy(4, 2, 1), Occupancy(2, 4, 2)),  # integer K side: (wide, narrow)
              False: (Occupancy(3, 2, 1), Occupancy(2, 4, 2))}  # fp16 K side
 
@@ -120,12 +121,13 @@ def carveout_percent(index: int) -> int | None:
     kernel and of the query rotation and merge launched around it on CUDA device ``index``: the
     least that holds the largest variant's `OCCUPANCY` shape (4-bit anchor and residual at width
     128, plus the 1 KB the driver reserves per CTA; 67 % on the H200, the 4-CTA shape's: 50 %
-    before the 2-CTA shape took 4 stages, which left the 3-CTA shape's speed unchanged). Programmatically dependent
-    CTAs can share an SM only if their kernels prefer the same carveout; left to the driver,
-    the split kernel launched as a dependent of the rotation ran 1.1-1.3x slower at batch >= 2
-    (12-02, `benchmarks/results/h200_2026-12-02e_decode_pdl_ab.json`), as it does with the
-    whole carveout given to shared memory (its shared small reads need L1). None (the driver
-    decides) below compute capability 9.0, where nothing launches as a dependent."""
+    before the 2-CTA shape took 4 stages, which left the 3-CTA shape's speed unchanged).
+    Programmatically dependent CTAs can share an SM only if their kernels prefer the same
+    carveout; left to the driver, the split kernel launched as a dependent of the rotation ran
+    1.1-1.3x slower at batch >= 2 (12-02, `benchmarks/results/h200_2026-12-02e_decode_pdl_ab.json`),
+    as it does with the whole carveout given to shared memory (its shared small reads need L1).
+    None (the driver decides) below compute capability 9.0, where nothing launches as a
+    dependent."""
     if not pdl_capable(torch.device("cuda", index)):
         return None
     per_sm = torch.cuda.get_device_properties(index).shared_memory_per_multiprocessor

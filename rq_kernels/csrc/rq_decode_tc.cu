@@ -102,8 +102,8 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 // one SHF per 16), the query as 16-bit fixed point split into two s8 halves, high in columns 0-3
 // and low in columns 4-7 of one m16n8k32 (exact s32 sums, no magic); else fp16 codes against the
 // fp16 query (m16n8k16, the magic folded out)
-// V side: fp16 codes against fp16 weights W 2^-VPRE (2^-8: p <= 1 times c times an FP8 scale
-// <= 448 stays below fp16's 65504; the factor comes back in the epilogue). fp16 beat bf16 codes
+// V side: fp16 codes against fp16 weights W 2^-VPRE (2^-8: p <= 2^8 under the lazy rescale
+// times an FP8 scale <= 448 stays below fp16's 65504; the factor comes back in the epilogue). fp16 beat bf16 codes
 // and weights by 1.005-1.05x (benchmarks/results/h200_2026-12-04f_vf16_ab.json).
 #define VPRE 8
 #define KI_STEPS (D / 32)    // K: m16n8k32 steps per tile and loop (KINT)
