@@ -17,7 +17,9 @@ unless ``--no-step``, `bench_decode_step`'s Ouro-1.4B-shaped step at batch 2 and
 seconds.
 
 The kernel is loaded by file name (`rq_kernels.decode_tc.SOURCE`), so the base revision's source
-is written next to it as ``_ab_base.cu`` and removed at exit. ``--dry-run`` (CPU): writes that
+is written next to it as ``_ab_base.cu`` and removed at exit. Both arms run with the working
+tree's host side (`decode_tc`: its compile-time defines, e.g. ``KINT``, occupancy shapes and
+split plan), so a base must accept them: an A/B of kernel sources, not of launchers. ``--dry-run`` (CPU): writes that
 file, records the plan and removes it; no kernel runs (the tc kernel needs a GPU).
 """
 
@@ -58,7 +60,9 @@ def write_base(rev: str) -> str:
     git revision (returns its full hash) or the path of a .cu file (for a checkout without its git
     directory, as on the lent GPU host; returns ``file:<path> sha256:<hex>``). Raises
     CalledProcessError for an unknown revision."""
-    if rev.endswith(".cu") and os.path.isfile(rev):
+    if rev.endswith(".cu"):
+        if not os.path.isfile(rev):
+            raise FileNotFoundError(f"--base {rev}: no such kernel source file")
         text = open(rev).read()
         sha = f"file:{rev} sha256:{hashlib.sha256(text.encode()).hexdigest()}"
     else:

@@ -6,8 +6,9 @@ Three split kernels serve one signature (`decode_attention`); the launcher picks
 * ``tc`` wherever it serves the format (`rq_kernels.decode_tc.tc_unsupported_reason`: CUDA with
   compute capability >= 8.9, head_dim 64/96/128, 2/4-bit anchor, 0/2/4-bit residual, group 32,
   or 64 at head_dim 128):
-  `csrc/rq_decode_tc.cu`, CUDA C++ on tensor cores (mma.sync bf16, magic-number unpacking, a
-  cp.async pipeline per warp), after a Triton pre-kernel that rotates the query;
+  `csrc/rq_decode_tc.cu`, CUDA C++ on tensor cores (mma.sync fp16, or u8 x s8 for the K side
+  where the query rows fit 4 columns; magic-number unpacking, a cp.async pipeline per warp), after
+  a Triton pre-kernel that rotates the query where the kernel does not;
 * else ``fma`` for MHA: `rq_kernels/triton/decode_fma.py`, CUDA cores: exact fp32 codes from one
   LOP3 + FFMA, K logits as integer ``dp4a`` dots against a 16-bit fixed-point query;
 * else ``mma``: `rq_kernels/triton/decode_mma.py`, Triton on tensor cores: PTX magic-number fp16

@@ -47,7 +47,7 @@ class Occupancy(NamedTuple):
 # codes (12-04) the variant fits 128 registers without spills (Ouro) and 4 CTAs beat 3 by
 # 1.03-1.06x at Ouro 4 x 8k-16 x 16k, Huginn 16 x 16k and the Ouro step at 32 GiB (batch 13),
 # 0.99-1.02x elsewhere (batch 1-2, 64 x 8k, 55 x 16k; step at batch 2 0.99x)
-# (benchmarks/results/h200_2026-12-04f_occupancy4_ab.json). The fp16 K side keeps 3 CTAs (~144
+# (benchmarks/results/h200_2026-12-04f_occupancy4_ab.json). The fp16 K side keeps 3 CTAs (~152
 # registers): there 4 lost 1.02-1.06x (SmolLM2 4 x 8k, 64 x 8k; before 12-04, when spills came
 # with 128 registers, 4 CTAs lost everywhere: ..._2026-12-02h_tc_vmap_ab.json,
 # ..._2026-12-03f_qsmem_ab.json). A third stage in the 4-CTA shape (79 % carveout) ran

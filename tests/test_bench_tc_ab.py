@@ -37,6 +37,12 @@ def test_unknown_revision_fails(tmp_path):
     assert not BASE.exists()
 
 
+def test_a_missing_base_file_fails(tmp_path):
+    r = _run(tmp_path, str(tmp_path / "missing.cu"))
+    assert r.returncode != 0 and "no such kernel source file" in r.stderr
+    assert not BASE.exists()
+
+
 def test_base_from_a_file(tmp_path):
     src = tmp_path / "saved.cu"
     src.write_text("// a saved kernel source\n")

@@ -38,12 +38,13 @@
 //
 // Compile-time parameters (nvcc -D...): HEAD_DIM (64, 96, 128), A_BITS (2, 4), R_BITS (0, 2,
 // 4), GS (32, 64; 32 at head_dim 64 and 96), GQ (query heads per KV head, GQ * D / GS <= 8),
-// HAS_COEF (0, 1), WARPS (per CTA), MINB (CTAs per SM), STAGES (16-token tiles of shared
-// memory per warp), SUBT (tiles per loop iteration, i.e. per softmax step; STAGES >= 2 SUBT).
+// HAS_COEF (0, 1), KINT (the K side on integer tensor cores: decode_tc.integer_k), WARPS (per
+// CTA), MINB (CTAs per SM), STAGES (16-token tiles of shared memory per warp), SUBT (tiles per
+// loop iteration, i.e. per softmax step; STAGES >= 2 SUBT).
 // The kernel's width D is HEAD_DIM rounded up to a power of two (64 or 128). head_dim 96 runs as
 // 128: a fourth, padding group whose query is zero (K) and whose outputs are written as 0 (V);
 // only the 96 elements' bytes are copied (the padding's shared memory is never written: any
-// bits unpack to a finite fp16 or bf16, and they only meet a zero query or padding outputs), and the
+// bits unpack to a finite fp16 or u8, and they only meet a zero query or padding outputs), and the
 // padding columns of the K epilogue and rows of the V weights are masked by selects.
 // Each thread's K slice is D / 4 elements (K_STEPS = D / 16 MMAs), its V slice D / 8 elements
 // (D / 8 n-tiles); at D = 64 the same maps hold with half the steps and n-tiles.
@@ -102,10 +103,13 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 // one SHF per 16), the query as 16-bit fixed point split into two s8 halves, high in columns 0-3
 // and low in columns 4-7 of one m16n8k32 (exact s32 sums, no magic); else fp16 codes against the
 // fp16 query (m16n8k16, the magic folded out)
-// V side: fp16 codes against fp16 weights W 2^-VPRE (2^-8: p <= 2^8 under the lazy rescale
-// times an FP8 scale <= 448 stays below fp16's 65504; the factor comes back in the epilogue). fp16 beat bf16 codes
-// and weights by 1.005-1.05x (benchmarks/results/h200_2026-12-04f_vf16_ab.json).
-#define VPRE 8
+// V side: fp16 codes against fp16 weights W 2^-VPRE, the factor taken back in the epilogue.
+// 2^-4: W = p c s with p <= 2^8 under the lazy rescale and c s <= 4,094 (an FP8 scale <= 448
+// times an LSQ coefficient <= 9) stays below fp16's 65,504, and a group scale s >= 2^-14 2^4 =
+// 1e-3 at p = 1 stays a normal fp16. With 2^-8, V values around 1e-3 (scales 4e-4) fell into
+// fp16's subnormals: 3-4x bf16 SDPA's error in the emulation (test_decode_tc_numerics.py).
+// fp16 beat bf16 codes and weights by 1.005-1.05x (benchmarks/results/h200_2026-12-04f_vf16_ab.json).
+#define VPRE 4
 #define KI_STEPS (D / 32)    // K: m16n8k32 steps per tile and loop (KINT)
 #define QFIX 32512.f         // KINT: the query row's largest |element| as fixed point (hi <= 127)
 
@@ -1381,10 +1385,11 @@ rq_decode_tc_split(const Args A) {
     const float2 fa01 = unpack_w(wa01), fa89 = unpack_w(wa89);
 #if R_BITS == 0
     // no residual: the weights' remainder W - round(W) (exact in fp32) goes through the same
-    // anchor codes, so W reaches the MMA to ~22 bits. Rounded W alone errs by up to 2^-9 (bf16)
-    // or 2^-12 (fp16) W code, not W (code + m / s): in a group with a large offset (an outlier's
-    // range) bf16 weights gave several times bf16 SDPA's error (fp16 ones stay within policy in
-    // the emulation, test_decode_tc_numerics.py; kept until measured on the GPU).
+    // anchor codes, so W reaches the MMA to ~22 bits while it is a normal fp16. Rounded W alone
+    // errs by up to 2^-9 (bf16) or 2^-12 (fp16) W code, not W (code + m / s): in a group with a
+    // large offset (an outlier's range) bf16 weights gave several times bf16 SDPA's error (fp16
+    // ones stay within policy in the emulation without it, test_decode_tc_numerics.py; kept
+    // until measured on the GPU).
     constexpr float WS = 1 << VPRE;  // unpack_w's units back to W's
     const uint32_t lo01 = pack_w(wa[0] - WS * fa01.x, wa[1] - WS * fa01.y);
     const uint32_t lo89 = pack_w(wa[2] - WS * fa89.x, wa[3] - WS * fa89.y);

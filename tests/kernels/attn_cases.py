@@ -11,8 +11,9 @@ from sglang_rq.reference import commit_reference, dequantize_rows_reference
 
 
 def build(cfg, *, loops, num_kv_heads, group, dim, lens, rot, device, seed,
-          head_major=False):
-    """A committed pool holding ``sum(lens)`` history tokens, split into requests of ``lens``.
+          head_major=False, v_scale=1.0):
+    """A committed pool holding ``sum(lens)`` history tokens, split into requests of ``lens``;
+    V values times ``v_scale`` (a head whose V values are small).
 
     Returns (view, kv_indptr int32, kv_indices int64, per-request slots list).
     """
@@ -28,7 +29,7 @@ def build(cfg, *, loops, num_kv_heads, group, dim, lens, rot, device, seed,
     if total:
         k, v = loop_kv(loops, total, num_kv_heads, dim, seed=seed, device=device,
                        group_size=cfg.group_size)
-        commit_reference(k, v, loc, view)
+        commit_reference(k, v * v_scale, loc, view)
     ptr = [0]
     for n in lens:
         ptr.append(ptr[-1] + n)

@@ -59,7 +59,7 @@ def pos(j, bits, f16=False):
     return bits * j - shift(j, bits, f16)
 
 
-MAGIC = {False: 128.0, True: 1024.0}  # magic_value<F16>: bf16 0x4300, fp16 0x6400
+MAGIC = {False: 128.0, True: 1024.0}  # bf16 0x4300 (the kernel before 12-04f), fp16 0x6400
 _SRC = (CSRC / "rq_decode_tc.cu").read_text()
 # tiles between the V magic drains (the kernel's DRAIN_TOKENS / 16)
 DRAIN_TILES = int(re.search(r"#define DRAIN_TOKENS (\d+)", _SRC)[1]) // 16
@@ -202,7 +202,7 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
                  qk_scale, num_splits, num_qo_heads, lazy=True, round_w=True, w_split=True,
                  trunc=False, drain=True, fill_rows=0, step=16, v_f16=True, v_pre=VPRE,
                  drain_tiles=None):
-    """w_split: the anchor-only loop (r_bits 0) carries the bf16 remainder of its V weights (paired:
+    """w_split: the anchor-only loop (r_bits 0) carries the remainder of its rounded V weights (paired:
     in B columns 4-7; else as a second MMA into the same accumulator; the fix); False mirrors
     the kernel before it (bf16 weights only). trunc: the MMAs' accumulation rounds toward zero
     (`mma`). drain: the V accumulators' magic share is taken out every DRAIN_TOKENS tokens
@@ -213,6 +213,7 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
     2^-v_pre (the kernel's VPRE), else bf16 (the kernel before 12-04f); drain_tiles: tiles
     between drains (default the kernel's). Returns mid_o [B, HQ, S, D], mid_ml [B, HQ, S, 2] (numpy fp32)."""
     vmagic = F32(MAGIC[v_f16])
+    v_pre = v_pre if v_f16 else 0  # bf16 weights are W unscaled
     dtiles = drain_tiles or DRAIN_TILES
     ac, aso, rc, rso, cf = tensors  # numpy: codes [rows, 2, H, bytes], so [rows, 2, H, NG, 2], cf [rows, 2, H] fp32
     hd = head_dim
@@ -241,7 +242,7 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
     cg = (2 * tq) % NG
     col_ok = 2 * tq < ROWS
     # V: lane g builds B column g, row vr = (head vh, group vgrp); paired (ROWS <= 4): columns
-    # g >= 4 carry the second term (residual, or the anchor weights' bf16 remainder) of row g - 4
+    # g >= 4 carry the second term (residual, or the anchor weights' remainder) of row g - 4
     paired = ROWS <= 4
     NM = NT // 2
     vr = np.where(paired, G & 3, G)
@@ -471,7 +472,7 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
                     wa_raw = wa
                     wa = [rw(z) for z in wa]
                     wlo = None
-                    if not r_bits:  # the bf16 remainder of the anchor weights (w_split)
+                    if not r_bits:  # the remainder of the anchor weights (w_split)
                         rem = [rw((w_ - r_).astype(F32)) if w_split else np.zeros(32, F32)
                                for w_, r_ in zip(wa_raw, wa)]
                         if paired:  # columns 4-7

@@ -54,12 +54,13 @@ GPU_CASES = [
 
 
 def _run(cfg, loops, hkv, group, dim, lens, rot, loop_ids, device, seed, head_major=False,
-         launch=None, q_in_qkv=False):
+         launch=None, q_in_qkv=False, v_scale=1.0):
     view, ind, idx, slots = build(cfg, loops=loops, num_kv_heads=hkv, group=group, dim=dim,
                                   lens=lens, rot=rot, device=device, seed=seed,
-                                  head_major=head_major)
+                                  head_major=head_major, v_scale=v_scale)
     b = len(lens)
     q, kc, vc = queries(b, hkv * group, hkv, dim, device=device, seed=seed)
+    vc = (vc.float() * v_scale).to(vc.dtype)
     if q_in_qkv:  # q as the model passes it: a slice of the fused QKV projection's output
         q = torch.cat([q.flatten(1), kc.flatten(1), vc.flatten(1)], 1)[:, :q[0].numel()].view(
             q.shape)
@@ -220,6 +221,16 @@ def test_decode_tc_one_long_split(dim, hkv, group, shape, device, monkeypatch):
                         lambda units, num_sms, int_k: OCCUPANCY[int_k][shape])
     _run(RQConfig(), 4, hkv, group, dim, [16384 + 5], "cfg", (0, 3), device, seed=25,
          launch=DecodeLaunch(split_kernel="tc", num_splits=1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dim,hkv,group", [(128, 4, 1), (64, 2, 3), (96, 2, 1)],
+                         ids=["ouro_d128", "smollm_d64_gqa3", "huginn_d96"])
+def test_decode_tc_small_v_values(dim, hkv, group, device):
+    """V values around 1e-3 (a head with small V): the V weights' fp16 form must keep them out of
+    fp16's subnormals (`VPRE`; test_decode_tc_numerics.py has the emulated failure of 2^-8)."""
+    _run(RQConfig(), 4, hkv, group, dim, [33, 1000, 4097], "cfg", (0, 3), device, seed=29,
+         launch=DecodeLaunch(split_kernel="tc"), v_scale=1e-3)
 
 
 @pytest.mark.gpu

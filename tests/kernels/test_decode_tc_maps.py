@@ -3,13 +3,13 @@
 `_tile` mirrors `csrc/rq_decode_tc.cu` for one warp and one 16-token tile: the shared-memory
 stage (codes at the kernel's width with junk in head_dim 96's padding bytes, (scale, offset)
 rows at their offset in the two copied words, junk around them, FP8 NaN bytes included), the
-per-lane code unpacking (LOP3 with the fp16 0x6400 magic on K, bf16 0x4300 on V, PRMT
+per-lane code unpacking (LOP3 with the fp16 0x6400 magic, u8 masks on the integer K side, PRMT
 interleave), the query fragments and
 folds, the m16n8k16 fragment layouts of both MMA phases, the shuffles between them and the
 epilogue. It checks, for head_dim 64, 96 and 128, that the logits and the unnormalised output
 equal a direct computation over the dequantized codes, that every output element of every row
 is written exactly once (head_dim 96: the padding columns 96-127 as 0), and that no query
-element past head_dim is read. The arithmetic is float64 without the kernel's fp16/bf16 roundings:
+element past head_dim is read. The arithmetic is float64 without the kernel's fp16 roundings:
 this checks which element meets which, not rounding. The code layout (shifts, positions,
 unpacking, byte permutes) comes from `tc_emulation`, the numerics emulation. Keep both in step
 with the .cu.
@@ -39,7 +39,7 @@ def _pos(j: int, bits: int, f16: bool = False) -> int:
 
 def _unpack_word(x: int, bits: int, f16: bool = False) -> list[tuple[float, float]]:
     """unpack_word (`tc_emulation.unpack_word` on one lane): register j = (lo half, hi half) as
-    values MAGIC + code * 2^pos (fp16 on the K side, f16; bf16 on the V side)."""
+    values MAGIC + code * 2^pos (fp16 with f16, as the kernel unpacks; bf16 without)."""
     return [(float(lo[0]), float(hi[0])) for lo, hi in emu.unpack_word(np.array([x]), bits, f16)]
 
 
@@ -310,7 +310,7 @@ def _tile(hd, gs, gq, a_bits, r_bits, hi, seed):
         mt = [max(mt[lane], mt[lane ^ m]) for lane in lanes]
     # ---- V weights: lane g builds B column g: row vr = (head vh, group vgrp); PAIRED (rows <= 4)
     # columns 4-7 carry the second term of row g - 4 (the residual's, or without one the anchor
-    # weights' bf16 remainder: 0 in this exact arithmetic); else column g in two accumulators
+    # weights' fp16 remainder: 0 in this exact arithmetic); else column g in two accumulators
     paired = rows <= 4
     w1, w2, l_run, m_off = {}, {}, [0.0] * 32, [0.0] * 32
     second_of, vrow = {}, {}
