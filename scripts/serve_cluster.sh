@@ -51,9 +51,14 @@ for ((i = 0; i < N; i++)); do
   echo "worker $i: pid $! ${URLS[-1]} (log $LOG_DIR/worker-$i.log)"
 done
 
-# The router waits for every worker to pass /rq/ready before it accepts traffic.
+# The router waits for every worker to pass /rq/ready before it accepts traffic. A transport
+# failure excludes a worker only once it has been silent for --worker-stall-secs (2 s), so the
+# retries span more than that (200 + 400 + 800 + 1600 ms before the fifth attempt); the
+# router's default schedule (5 x 50 ms x 1.5^k, under 1 s) can spend every retry on a worker
+# that just died while cache-aware routing still prefers it.
 setsid "$PY" -m smg.launch_router --host 127.0.0.1 --port "$ROUTER_PORT" \
   --worker-urls "${URLS[@]}" --policy "$POLICY" \
+  --retry-max-retries 6 --retry-initial-backoff-ms 200 --retry-backoff-multiplier 2 \
   --health-check-endpoint /rq/ready --health-check-interval-secs 10 \
   --health-failure-threshold 2 --health-success-threshold 1 \
   --worker-startup-timeout-secs 900 --worker-startup-check-interval 5 \

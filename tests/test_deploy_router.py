@@ -66,7 +66,8 @@ def cluster(tmp_path_factory):
              "--health-check-endpoint", "/rq/ready", "--health-check-interval-secs", "5",
              "--health-success-threshold", "1", "--worker-startup-timeout-secs", "600",
              "--worker-startup-check-interval", "2",
-             "--retry-max-retries", "4", "--retry-initial-backoff-ms", "100",
+             "--retry-max-retries", "6", "--retry-initial-backoff-ms", "200",
+             "--retry-backoff-multiplier", "2",
              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)],
             stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
