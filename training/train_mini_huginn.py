@@ -184,6 +184,9 @@ def save_checkpoint(model: HuginnReferenceModel, out: Path, keep_freqs_cis: bool
     c = model.config
     common.write_generation_config(out, c.bos_token_id, c.eos_token_id, c.pad_token_id)
     for name in TOKENIZER_FILES:
+        # the embedded mini-Huginn's tokenizer.json is a link to mini-Ouro's (the repository's
+        # size budget): replace it rather than copy onto its own target
+        (out / name).unlink(missing_ok=True)
         shutil.copyfile(TOKENIZER_DIR / name, out / name)
     return files
 
