@@ -45,12 +45,14 @@ def signed_hadamard(num_kv_heads, dim, *, seed):
     return signs[:, :, None] * hadamard_matrix(dim)
 
 
-def queries(num_tokens, num_qo_heads, num_kv_heads, dim, *, device, seed, scale=1.0):
-    """q ``[T, Hq, D]``, k_cur/v_cur ``[T, Hkv, D]`` bf16 with an outlier channel in k."""
+def queries(num_tokens, num_qo_heads, num_kv_heads, dim, *, device, seed, scale=1.0,
+            v_scale=1.0):
+    """q ``[T, Hq, D]``, k_cur/v_cur ``[T, Hkv, D]`` bf16 with an outlier channel in k; v_cur
+    times ``v_scale`` (as `build`'s history)."""
     gen = torch.Generator().manual_seed(seed + 100)
     q = torch.randn(num_tokens, num_qo_heads, dim, generator=gen) * scale
     k = torch.randn(num_tokens, num_kv_heads, dim, generator=gen)
-    v = torch.randn(num_tokens, num_kv_heads, dim, generator=gen)
+    v = torch.randn(num_tokens, num_kv_heads, dim, generator=gen) * v_scale
     k[..., 3] *= 20.0
     return tuple(t.to(torch.bfloat16).to(device) for t in (q, k, v))
 

@@ -59,8 +59,7 @@ def _run(cfg, loops, hkv, group, dim, lens, rot, loop_ids, device, seed, head_ma
                                   lens=lens, rot=rot, device=device, seed=seed,
                                   head_major=head_major, v_scale=v_scale)
     b = len(lens)
-    q, kc, vc = queries(b, hkv * group, hkv, dim, device=device, seed=seed)
-    vc = (vc.float() * v_scale).to(vc.dtype)
+    q, kc, vc = queries(b, hkv * group, hkv, dim, device=device, seed=seed, v_scale=v_scale)
     if q_in_qkv:  # q as the model passes it: a slice of the fused QKV projection's output
         q = torch.cat([q.flatten(1), kc.flatten(1), vc.flatten(1)], 1)[:, :q[0].numel()].view(
             q.shape)

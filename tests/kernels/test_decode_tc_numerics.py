@@ -40,8 +40,7 @@ def _errors(cfg, loops, hkv, group, dim, lens, loop, seed, splits, w_split, v_sc
     view, ind, idx, slots = build(cfg, loops=loops, num_kv_heads=hkv, group=group, dim=dim,
                                   lens=lens, rot="cfg", device="cpu", seed=seed, v_scale=v_scale)
     b = len(lens)
-    q, kc, vc = queries(b, hkv * group, hkv, dim, device="cpu", seed=seed)
-    vc = (vc.float() * v_scale).to(torch.bfloat16)
+    q, kc, vc = queries(b, hkv * group, hkv, dim, device="cpu", seed=seed, v_scale=v_scale)
     scale = dim ** -0.5
     ac, aso, rc, rso, cf, a_bits, r_bits = _loop_tensors(view, loop)
     npy = lambda t: None if t is None else t.float().numpy() if t.dtype == torch.bfloat16 \
