@@ -23,6 +23,13 @@ requests (tokens decoded side by side at page size 1) and on scattered rows (pag
 the free list has churned); ``vs_consecutive`` = consecutive time / placed time. Writes
 ``DIR/bench_decode.json`` after every point; stops starting new points after ``--deadline``
 seconds.
+
+Chained (the JSON's ``chain`` per point; the default split kernel, the pure read's fastest arm,
+SDPA): the same calls timed as a model runs them, `common.chain_ms`: back to back from one
+CUDA graph, each over its own copy of the data (`common.chain_copies`: the copies together at
+least 3x the L2), behind a separator kernel, no L2 flush. The flushed single-call timing above
+charges a short call with writing back the L2's dirty lines that do_bench's flush leaves (up to
+the L2's 50 MB at a few TB/s) and with a graph launch; the chain charges neither, for every arm.
 """
 
 from __future__ import annotations
@@ -36,11 +43,12 @@ if "--dry-run" in sys.argv:  # CPU smoke test: Triton interpreter, tiny sizes
 
 import torch
 import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import (  # noqa: E402
-    DEV, FAMILIES, bench, bench_args, copy_bandwidth, loop_bytes_per_token, pool, read_roofline,
-    sdpa_time, write_json,
+    DEV, FAMILIES, bench, bench_args, chain_copies, chain_ms, copy_bandwidth, loop_bytes_per_token,
+    pool, read_arms, read_roofline, sdpa_time, write_json,
 )
 from rq_kernels import decode_attention  # noqa: E402
 from rq_kernels.decode import DecodeLaunch, fma_unsupported_reason  # noqa: E402
@@ -145,6 +153,64 @@ def time_loops(launch, view, q, kc, vc, ind, idx, dim, loops) -> tuple[dict, flo
     return res, ((loops - 1) * res[0] + res[loops - 1]) / loops
 
 
+def chain_points(cfg, hkv, dim, loops, points) -> dict:
+    """(batch, ctx) -> the copies `time_chained` cycles the compressed history through (the
+    pool must hold copies x batch x ctx rows past row 0)."""
+    return {(b, c): chain_copies(loop_bytes_per_token(cfg, hkv, dim, loops, 0) * b * c)
+            for b, c in points}
+
+
+def time_chained(launch, view, q, kc, vc, ind, idx, dim, loops, copies, cfg, sdpa_backend,
+                 read_arm) -> dict:
+    """One point timed chained (`common.chain_ms`): the split kernel ``launch`` over ``copies``
+    copies of the requests' history (request rows ``idx`` shifted by whole batches: the pool
+    holds ``copies x len(idx)`` rows past row 0), the pure read ``read_arm`` of as many bytes
+    per loop (as many copies, one buffer), and BF16 SDPA over its own copies of distinct K and
+    V ``[B, Hkv, ctx + 1, D]``. Times in ms per call; RQ and read averaged over the loops as
+    `time_loops`."""
+    b, hq, _ = q.shape
+    hkv = kc.shape[1]
+    tokens = idx.numel()
+    ctx = tokens // b
+    idxs = [idx + i * tokens for i in range(copies)]
+    outs = [torch.empty_like(q) for _ in range(copies)]
+    rq, rd = {}, {}
+    for loop in (0, loops - 1):
+        rq[loop] = chain_ms([
+            lambda i=i, lp=loop: decode_attention(q, kc, vc, view, lp, ind, idxs[i],
+                                                  sm_scale=dim ** -0.5, out=outs[i],
+                                                  launch=launch)
+            for i in range(copies)])
+        nb = loop_bytes_per_token(cfg, hkv, dim, loops, loop) * tokens
+        pitch = -(-nb // 256) * 256
+        buf = torch.empty(copies * pitch, dtype=torch.uint8, device=DEV)
+        rd[loop] = chain_ms([read_arms(buf[i * pitch:], nb)[read_arm] for i in range(copies)])
+        del buf
+    avg = lambda t: ((loops - 1) * t[0] + t[loops - 1]) / loops  # noqa: E731
+    kv_copies = chain_copies(2 * b * hkv * (ctx + 1) * dim * 2)
+    qs = torch.randn(b, hq, 1, dim, device=DEV, dtype=torch.bfloat16)
+    expand = "expanded" in sdpa_backend
+    backend = SDPBackend.FLASH_ATTENTION if expand else getattr(SDPBackend, sdpa_backend)
+    kvs = []
+    for _ in range(kv_copies):
+        k, v = (torch.randn(b, hkv, ctx + 1, dim, device=DEV, dtype=torch.bfloat16)
+                for _ in range(2))
+        if expand:
+            k, v = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
+        kvs.append((k, v))
+
+    def sdpa(k, v):
+        with sdpa_kernel([backend] if DEV == "cuda" else [SDPBackend.MATH]):
+            torch.nn.functional.scaled_dot_product_attention(
+                qs, k, v, enable_gqa=k.shape[1] != hq)
+
+    sdpa_ms = chain_ms([lambda kv=kv: sdpa(*kv) for kv in kvs])
+    del kvs
+    return dict(copies=copies, sdpa_copies=kv_copies, sdpa_ms=sdpa_ms,
+                read=dict(resid_ms=rd[0], anchor_ms=rd[loops - 1], avg_ms=avg(rd), arm=read_arm),
+                rq=dict(resid_ms=rq[0], anchor_ms=rq[loops - 1], avg_ms=avg(rq)))
+
+
 def check(view, hq, hkv, dim, b, ctx, loops, kernels) -> list[dict]:
     """Each split kernel vs the fp32 twin (flash-attn rule, bf16 SDPA yardstick)."""
     q, kc, vc, ind, idx = inputs(view, hq, hkv, dim, b, ctx, seed=7)
@@ -195,7 +261,9 @@ def main() -> None:
                copy_tbs=copy_bandwidth(), checks={}, points=[], mixed=[], placement=[],
                skipped=[])
     for fam, (hq, hkv, dim, points) in fams.items():
-        view = pool(cfg, hkv, dim, max([b * c for b, c in points + placed] +
+        copies = chain_points(cfg, hkv, dim, loops, points)
+        view = pool(cfg, hkv, dim, max([b * c for b, c in placed] +
+                                       [copies[b, c] * b * c for b, c in points] +
                                        [sum(lens) for lens in mixed.values()]) + 2, loops)
         kernels = (["tc"] if DEV == "cuda" and tc_unsupported_reason(
             view, 0, hq // hkv, torch.device(DEV)) is None else []) + (
@@ -212,7 +280,9 @@ def main() -> None:
             by = bytes_per_token_loop(cfg, hkv, dim, loops) * ctx * b
             qs = torch.randn(b, hq, 1, dim, device=DEV, dtype=torch.bfloat16)
             ks = torch.randn(b, hkv, ctx + 1, dim, device=DEV, dtype=torch.bfloat16)
-            row = dict(family=fam, batch=b, ctx=ctx, sdpa_ms=sdpa_time(qs, ks, ks)[0],
+            sdpa_ms, sdpa_backend = sdpa_time(qs, ks, ks)
+            del ks
+            row = dict(family=fam, batch=b, ctx=ctx, sdpa_ms=sdpa_ms,
                        read=time_reads(read_buf, cfg, hkv, dim, b * ctx, loops))
             row["read"]["tbs"] = by / row["read"]["avg_ms"] / 1e9
             arms = [(k, DecodeLaunch(split_kernel=k)) for k in kernels]
@@ -223,12 +293,24 @@ def main() -> None:
                 row[name] = dict(resid_ms=t[0], anchor_ms=t[loops - 1], avg_ms=avg,
                                  tbs=by / avg / 1e9, vs_sdpa=row["sdpa_ms"] / avg,
                                  vs_read=row["read"]["avg_ms"] / avg)
+            ch = time_chained(arms[0][1], view, q, kc, vc, ind, idx, dim, loops, copies[b, ctx],
+                              cfg, sdpa_backend, row["read"]["arm"])
+            ch["kernel"] = arms[0][0]
+            ch["read"]["tbs"] = by / ch["read"]["avg_ms"] / 1e9
+            ch["rq"].update(tbs=by / ch["rq"]["avg_ms"] / 1e9,
+                            vs_sdpa=ch["sdpa_ms"] / ch["rq"]["avg_ms"],
+                            vs_read=ch["read"]["avg_ms"] / ch["rq"]["avg_ms"])
+            row["chain"] = ch
             res["points"].append(row)
             print(f"{fam:12s} ctx={ctx:6d} b={b:3d} sdpa {row['sdpa_ms'] * 1e3:7.1f}us | read "
                   f"{row['read']['avg_ms'] * 1e3:7.1f}us {row['read']['tbs']:.2f}TB/s | " +
                   " | ".join(f"{k} {row[k]['avg_ms'] * 1e3:7.1f}us {row[k]['tbs']:.2f}TB/s "
                              f"x{row[k]['vs_sdpa']:.2f} ({row[k]['vs_read']:.2f} of read)"
                              for k, _ in arms), flush=True)
+            print(f"{'':12s} chained ({ch['copies']} copies): sdpa {ch['sdpa_ms'] * 1e3:7.1f}us | "
+                  f"read {ch['read']['avg_ms'] * 1e3:7.1f}us {ch['read']['tbs']:.2f}TB/s | "
+                  f"{ch['kernel']} {ch['rq']['avg_ms'] * 1e3:7.1f}us {ch['rq']['tbs']:.2f}TB/s "
+                  f"x{ch['rq']['vs_sdpa']:.2f} ({ch['rq']['vs_read']:.2f} of read)", flush=True)
             write_json(res, a.out, "bench_decode.json")
         for name, lens in mixed.items():
             if time.time() - T0 > a.deadline:

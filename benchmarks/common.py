@@ -31,6 +31,62 @@ def graph_ms(fn, *, warmup: int = 25, rep: int = 100) -> float:
     return triton.testing.do_bench(g.replay, warmup=warmup, rep=rep, return_mode="median")
 
 
+def chain_copies(nbytes: int) -> int:
+    """How many copies of a call's ``nbytes`` of data `chain_ms` cycles through: together at
+    least 3x the GPU's L2 (so each call finds none of its bytes there: the calls before it read
+    the other copies), and at least 2. On CPU 2."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size if torch.cuda.is_available() else 0
+    return max(2, -(-3 * l2 // max(1, nbytes)))
+
+
+def chain_ms(fns, *, reps: int = 20) -> float:
+    """Median ms per call of the calls ``fns`` (each over its own copy of the data,
+    `chain_copies` of them) run back to back from one CUDA graph, as a model's layers run
+    their attention: the L2 holds none of a call's bytes (the other copies evicted them) and
+    none dirty (no flush writes before the call, unlike `graph_ms`, whose `triton.testing.do_bench`
+    zeroes a 256 MiB buffer before each rep, so a short call also pays for writing back the L2's
+    dirty lines). Each call runs behind a one-element separator kernel that starts only when
+    the call before it has ended, as a model's other kernels do (so a programmatic dependent
+    launch cannot overlap consecutive calls); the separators' own chain is subtracted. No graph
+    launch per call. On CPU: the eager calls' mean."""
+    for fn in fns:
+        fn()
+    if not torch.cuda.is_available():
+        t = time.perf_counter()
+        for fn in fns:
+            fn()
+        return (time.perf_counter() - t) * 1e3 / len(fns)
+    sep = torch.zeros(1, device=DEV)
+
+    def replay_ms(body) -> float:
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            body()
+        for _ in range(3):
+            g.replay()
+        times = []
+        for _ in range(reps):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            g.replay()
+            e1.record()
+            e1.synchronize()
+            times.append(e0.elapsed_time(e1))
+        return sorted(times)[len(times) // 2]
+
+    def calls():
+        for fn in fns:
+            sep.add_(1)
+            fn()
+
+    def seps():
+        for _ in fns:
+            sep.add_(1)
+
+    return (replay_ms(calls) - replay_ms(seps)) / len(fns)
+
+
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 FAMILIES = {  # the three model shapes of the kernel benchmarks: (num_qo_heads, num_kv_heads, head_dim)
     "ouro-1.4b": (16, 16, 128),
