@@ -154,20 +154,21 @@ def time_loops(launch, view, q, kc, vc, ind, idx, dim, loops) -> tuple[dict, flo
 
 
 def chain_points(cfg, hkv, dim, loops, points) -> dict:
-    """(batch, ctx) -> the copies `time_chained` cycles the compressed history through (the
-    pool must hold copies x batch x ctx rows past row 0)."""
-    return {(b, c): chain_copies(loop_bytes_per_token(cfg, hkv, dim, loops, 0) * b * c)
-            for b, c in points}
+    """(batch, ctx) -> the copies `time_chained` cycles the compressed history through, enough
+    for the loop that reads least (the anchor loop; the pool must hold copies x batch x ctx
+    rows past row 0)."""
+    least = min(loop_bytes_per_token(cfg, hkv, dim, loops, u) for u in range(loops))
+    return {(b, c): chain_copies(least * b * c) for b, c in points}
 
 
 def time_chained(launch, view, q, kc, vc, ind, idx, dim, loops, copies, cfg, sdpa_backend,
                  read_arm) -> dict:
     """One point timed chained (`common.chain_ms`): the split kernel ``launch`` over ``copies``
     copies of the requests' history (request rows ``idx`` shifted by whole batches: the pool
-    holds ``copies x len(idx)`` rows past row 0), the pure read ``read_arm`` of as many bytes
-    per loop (as many copies, one buffer), and BF16 SDPA over its own copies of distinct K and
-    V ``[B, Hkv, ctx + 1, D]``. Times in ms per call; RQ and read averaged over the loops as
-    `time_loops`."""
+    holds ``copies x len(idx)`` rows past row 0), the pure read ``read_arm`` (the arm the flushed
+    read picked, `time_reads`'s) of as many bytes per loop (as many copies, one buffer), and
+    BF16 SDPA over its own copies of distinct K and V ``[B, Hkv, ctx + 1, D]``. Times in ms per
+    call; RQ and read averaged over the loops as `time_loops`."""
     b, hq, _ = q.shape
     hkv = kc.shape[1]
     tokens = idx.numel()
@@ -262,9 +263,10 @@ def main() -> None:
                skipped=[])
     for fam, (hq, hkv, dim, points) in fams.items():
         copies = chain_points(cfg, hkv, dim, loops, points)
-        view = pool(cfg, hkv, dim, max([b * c for b, c in placed] +
-                                       [copies[b, c] * b * c for b, c in points] +
-                                       [sum(lens) for lens in mixed.values()]) + 2, loops)
+        # the rows placements spread over: the pool's size before the chained copies
+        spread = max([b * c for b, c in points + placed] + [sum(ls) for ls in mixed.values()]) + 2
+        view = pool(cfg, hkv, dim, max([spread] + [copies[b, c] * b * c + 2 for b, c in points]),
+                    loops)
         kernels = (["tc"] if DEV == "cuda" and tc_unsupported_reason(
             view, 0, hq // hkv, torch.device(DEV)) is None else []) + (
             ["fma"] if fma_unsupported_reason(view, hq // hkv) is None else []) + ["mma"]
@@ -293,13 +295,19 @@ def main() -> None:
                 row[name] = dict(resid_ms=t[0], anchor_ms=t[loops - 1], avg_ms=avg,
                                  tbs=by / avg / 1e9, vs_sdpa=row["sdpa_ms"] / avg,
                                  vs_read=row["read"]["avg_ms"] / avg)
-            ch = time_chained(arms[0][1], view, q, kc, vc, ind, idx, dim, loops, copies[b, ctx],
-                              cfg, sdpa_backend, row["read"]["arm"])
-            ch["kernel"] = arms[0][0]
-            ch["read"]["tbs"] = by / ch["read"]["avg_ms"] / 1e9
-            ch["rq"].update(tbs=by / ch["rq"]["avg_ms"] / 1e9,
-                            vs_sdpa=ch["sdpa_ms"] / ch["rq"]["avg_ms"],
-                            vs_read=ch["read"]["avg_ms"] / ch["rq"]["avg_ms"])
+            try:
+                ch = time_chained(arms[0][1], view, q, kc, vc, ind, idx, dim, loops,
+                                  copies[b, ctx], cfg, sdpa_backend, row["read"]["arm"])
+            except Exception as exc:  # keep the point's flushed figures and go on
+                ch = dict(error=f"{type(exc).__name__}: {exc}")
+                if DEV == "cuda":
+                    torch.cuda.empty_cache()
+            if "error" not in ch:
+                ch["kernel"] = arms[0][0]
+                ch["read"]["tbs"] = by / ch["read"]["avg_ms"] / 1e9
+                ch["rq"].update(tbs=by / ch["rq"]["avg_ms"] / 1e9,
+                                vs_sdpa=ch["sdpa_ms"] / ch["rq"]["avg_ms"],
+                                vs_read=ch["read"]["avg_ms"] / ch["rq"]["avg_ms"])
             row["chain"] = ch
             res["points"].append(row)
             print(f"{fam:12s} ctx={ctx:6d} b={b:3d} sdpa {row['sdpa_ms'] * 1e3:7.1f}us | read "
@@ -307,7 +315,8 @@ def main() -> None:
                   " | ".join(f"{k} {row[k]['avg_ms'] * 1e3:7.1f}us {row[k]['tbs']:.2f}TB/s "
                              f"x{row[k]['vs_sdpa']:.2f} ({row[k]['vs_read']:.2f} of read)"
                              for k, _ in arms), flush=True)
-            print(f"{'':12s} chained ({ch['copies']} copies): sdpa {ch['sdpa_ms'] * 1e3:7.1f}us | "
+            print(f"{'':12s} chained: {ch['error']}" if "error" in ch else
+                  f"{'':12s} chained ({ch['copies']} copies): sdpa {ch['sdpa_ms'] * 1e3:7.1f}us | "
                   f"read {ch['read']['avg_ms'] * 1e3:7.1f}us {ch['read']['tbs']:.2f}TB/s | "
                   f"{ch['kernel']} {ch['rq']['avg_ms'] * 1e3:7.1f}us {ch['rq']['tbs']:.2f}TB/s "
                   f"x{ch['rq']['vs_sdpa']:.2f} ({ch['rq']['vs_read']:.2f} of read)", flush=True)
@@ -338,7 +347,7 @@ def main() -> None:
             q, kc, vc, ind, _ = inputs(view, hq, hkv, dim, b, ctx)
             row = dict(family=fam, batch=b, ctx=ctx, kernel=kernels[0])
             for how in PLACEMENTS:
-                idx = placed_rows([ctx] * b, view.codes[0].shape[0], how)
+                idx = placed_rows([ctx] * b, spread, how)
                 _, row[how + "_ms"] = time_loops(DecodeLaunch(split_kernel=kernels[0]), view, q,
                                                  kc, vc, ind, idx, dim, loops)
                 row[how + "_vs_consecutive"] = row["consecutive_ms"] / row[how + "_ms"]

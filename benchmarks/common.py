@@ -39,6 +39,9 @@ def chain_copies(nbytes: int) -> int:
     return max(2, -(-3 * l2 // max(1, nbytes)))
 
 
+CHAIN_CALLS = 16  # calls per graph of `chain_ms` at least
+
+
 def chain_ms(fns, *, reps: int = 20) -> float:
     """Median ms per call of the calls ``fns`` (each over its own copy of the data,
     `chain_copies` of them) run back to back from one CUDA graph, as a model's layers run
@@ -48,7 +51,8 @@ def chain_ms(fns, *, reps: int = 20) -> float:
     dirty lines). Each call runs behind a one-element separator kernel that starts only when
     the call before it has ended, as a model's other kernels do (so a programmatic dependent
     launch cannot overlap consecutive calls); the separators' own chain is subtracted. No graph
-    launch per call. On CPU: the eager calls' mean."""
+    launch per call: the list is repeated to at least `CHAIN_CALLS` calls per graph, so the
+    graph's launch and ramp weigh little. On CPU: the eager calls' mean."""
     for fn in fns:
         fn()
     if not torch.cuda.is_available():
@@ -56,6 +60,7 @@ def chain_ms(fns, *, reps: int = 20) -> float:
         for fn in fns:
             fn()
         return (time.perf_counter() - t) * 1e3 / len(fns)
+    fns = list(fns) * -(-CHAIN_CALLS // len(fns))
     sep = torch.zeros(1, device=DEV)
 
     def replay_ms(body) -> float:
