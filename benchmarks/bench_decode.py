@@ -43,12 +43,11 @@ if "--dry-run" in sys.argv:  # CPU smoke test: Triton interpreter, tiny sizes
 
 import torch
 import triton
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import (  # noqa: E402
-    DEV, FAMILIES, bench, bench_args, chain_copies, chain_ms, copy_bandwidth, loop_bytes_per_token,
-    pool, read_arms, read_roofline, sdpa_time, write_json,
+    DEV, FAMILIES, bench, bench_args, chain_copies, chain_ms, copy_bandwidth, loop_average,
+    loop_bytes_per_token, pool, read_arms, read_roofline, sdpa_call, sdpa_time, write_json,
 )
 from rq_kernels import decode_attention  # noqa: E402
 from rq_kernels.decode import DecodeLaunch, fma_unsupported_reason  # noqa: E402
@@ -139,8 +138,7 @@ def time_reads(buf, cfg, hkv, dim, tokens, loops) -> dict:
     t = {}
     for loop in (0, loops - 1):
         t[loop], arm = read_roofline(buf, loop_bytes_per_token(cfg, hkv, dim, loops, loop) * tokens)
-    avg = ((loops - 1) * t[0] + t[loops - 1]) / loops
-    return dict(resid_ms=t[0], anchor_ms=t[loops - 1], avg_ms=avg, arm=arm)
+    return dict(resid_ms=t[0], anchor_ms=t[loops - 1], avg_ms=loop_average(t, loops), arm=arm)
 
 
 def time_loops(launch, view, q, kc, vc, ind, idx, dim, loops) -> tuple[dict, float]:
@@ -150,7 +148,7 @@ def time_loops(launch, view, q, kc, vc, ind, idx, dim, loops) -> tuple[dict, flo
         res[loop] = bench(lambda: decode_attention(q, kc, vc, view, loop, ind, idx,  # noqa: B023
                                                    sm_scale=dim ** -0.5, out=out, launch=launch))
         assert torch.isfinite(out).all(), f"loop {loop}: non-finite output"
-    return res, ((loops - 1) * res[0] + res[loops - 1]) / loops
+    return res, loop_average(res, loops)
 
 
 def chain_points(cfg, hkv, dim, loops, points) -> dict:
@@ -161,14 +159,13 @@ def chain_points(cfg, hkv, dim, loops, points) -> dict:
     return {(b, c): chain_copies(least * b * c) for b, c in points}
 
 
-def time_chained(launch, view, q, kc, vc, ind, idx, dim, loops, copies, cfg, sdpa_backend,
-                 read_arm) -> dict:
+def time_chained(launch, view, q, kc, vc, ind, idx, dim, loops, copies, cfg, read_arm) -> dict:
     """One point timed chained (`common.chain_ms`): the split kernel ``launch`` over ``copies``
     copies of the requests' history (request rows ``idx`` shifted by whole batches: the pool
     holds ``copies x len(idx)`` rows past row 0), the pure read ``read_arm`` (the arm the flushed
     read picked, `time_reads`'s) of as many bytes per loop (as many copies, one buffer), and
-    BF16 SDPA over its own copies of distinct K and V ``[B, Hkv, ctx + 1, D]``. Times in ms per
-    call; RQ and read averaged over the loops as `time_loops`."""
+    BF16 SDPA (`common.sdpa_call`) over its own copies of distinct K and V ``[B, Hkv, ctx + 1,
+    D]``. Times in ms per call; RQ and read averaged over the loops (`common.loop_average`)."""
     b, hq, _ = q.shape
     hkv = kc.shape[1]
     tokens = idx.numel()
@@ -187,29 +184,16 @@ def time_chained(launch, view, q, kc, vc, ind, idx, dim, loops, copies, cfg, sdp
         buf = torch.empty(copies * pitch, dtype=torch.uint8, device=DEV)
         rd[loop] = chain_ms([read_arms(buf[i * pitch:], nb)[read_arm] for i in range(copies)])
         del buf
-    avg = lambda t: ((loops - 1) * t[0] + t[loops - 1]) / loops  # noqa: E731
     kv_copies = chain_copies(2 * b * hkv * (ctx + 1) * dim * 2)
     qs = torch.randn(b, hq, 1, dim, device=DEV, dtype=torch.bfloat16)
-    expand = "expanded" in sdpa_backend
-    backend = SDPBackend.FLASH_ATTENTION if expand else getattr(SDPBackend, sdpa_backend)
-    kvs = []
-    for _ in range(kv_copies):
-        k, v = (torch.randn(b, hkv, ctx + 1, dim, device=DEV, dtype=torch.bfloat16)
-                for _ in range(2))
-        if expand:
-            k, v = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
-        kvs.append((k, v))
-
-    def sdpa(k, v):
-        with sdpa_kernel([backend] if DEV == "cuda" else [SDPBackend.MATH]):
-            torch.nn.functional.scaled_dot_product_attention(
-                qs, k, v, enable_gqa=k.shape[1] != hq)
-
-    sdpa_ms = chain_ms([lambda kv=kv: sdpa(*kv) for kv in kvs])
-    del kvs
+    sdpas = [sdpa_call(qs, *(torch.randn(b, hkv, ctx + 1, dim, device=DEV, dtype=torch.bfloat16)
+                             for _ in range(2)))[0] for _ in range(kv_copies)]
+    sdpa_ms = chain_ms(sdpas)
+    del sdpas
     return dict(copies=copies, sdpa_copies=kv_copies, sdpa_ms=sdpa_ms,
-                read=dict(resid_ms=rd[0], anchor_ms=rd[loops - 1], avg_ms=avg(rd), arm=read_arm),
-                rq=dict(resid_ms=rq[0], anchor_ms=rq[loops - 1], avg_ms=avg(rq)))
+                read=dict(resid_ms=rd[0], anchor_ms=rd[loops - 1], avg_ms=loop_average(rd, loops),
+                          arm=read_arm),
+                rq=dict(resid_ms=rq[0], anchor_ms=rq[loops - 1], avg_ms=loop_average(rq, loops)))
 
 
 def check(view, hq, hkv, dim, b, ctx, loops, kernels) -> list[dict]:
@@ -282,10 +266,9 @@ def main() -> None:
             by = bytes_per_token_loop(cfg, hkv, dim, loops) * ctx * b
             qs = torch.randn(b, hq, 1, dim, device=DEV, dtype=torch.bfloat16)
             ks = torch.randn(b, hkv, ctx + 1, dim, device=DEV, dtype=torch.bfloat16)
-            sdpa_ms, sdpa_backend = sdpa_time(qs, ks, ks)
-            del ks
-            row = dict(family=fam, batch=b, ctx=ctx, sdpa_ms=sdpa_ms,
+            row = dict(family=fam, batch=b, ctx=ctx, sdpa_ms=sdpa_time(qs, ks, ks)[0],
                        read=time_reads(read_buf, cfg, hkv, dim, b * ctx, loops))
+            del ks  # before the chained copies
             row["read"]["tbs"] = by / row["read"]["avg_ms"] / 1e9
             arms = [(k, DecodeLaunch(split_kernel=k)) for k in kernels]
             if a.pdl_ab and "tc" in kernels:
@@ -297,7 +280,7 @@ def main() -> None:
                                  vs_read=row["read"]["avg_ms"] / avg)
             try:
                 ch = time_chained(arms[0][1], view, q, kc, vc, ind, idx, dim, loops,
-                                  copies[b, ctx], cfg, sdpa_backend, row["read"]["arm"])
+                                  copies[b, ctx], cfg, row["read"]["arm"])
             except Exception as exc:  # keep the point's flushed figures and go on
                 ch = dict(error=f"{type(exc).__name__}: {exc}")
                 if DEV == "cuda":

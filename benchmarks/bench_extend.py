@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import triton  # noqa: E402
 
-from benchmarks.common import DEV, FAMILIES, bench, pool, sdpa_time  # noqa: E402
+from benchmarks.common import DEV, FAMILIES, bench, loop_average, pool, sdpa_time  # noqa: E402
 from benchmarks.common import bench_args, write_json  # noqa: E402
 from rq_kernels.extend import WORKSPACE_TOKENS, _workspace_extend, extend_attention  # noqa: E402
 from rq_kernels.reconstruct import reconstruct_rows  # noqa: E402
@@ -126,8 +126,7 @@ def batched(dry_run: bool) -> list[dict]:
             t = {i: timer(lambda: extend_attention(  # noqa: B023
                 q, kc, kc, view, i, qo, kvi, idx, sm_scale=scale, out=out,  # noqa: B023
                 host_indptrs=(qp, kp))) for i in (0, loops - 1)}  # noqa: B023
-            row[name] = dict(resid_ms=t[0], anchor_ms=t[loops - 1],
-                             avg_ms=((loops - 1) * t[0] + t[loops - 1]) / loops)
+            row[name] = dict(resid_ms=t[0], anchor_ms=t[loops - 1], avg_ms=loop_average(t, loops))
         view = None
         kb = torch.randn(nreq * (prefix + chunk), hkv, dim, device=DEV, dtype=torch.bfloat16)
         ck = torch.tensor([i * (prefix + chunk) for i in range(nreq + 1)], dtype=torch.int32,
@@ -180,7 +179,7 @@ def main() -> None:
                 t = {i: timer(lambda: extend_attention(  # noqa: B023
                     qx, kx, kx, view, i, qo, kvi, idx, sm_scale=dim ** -0.5, out=out,  # noqa: B023
                     **kw)) for i in (0, loops - 1)}  # noqa: B023
-                avg = ((loops - 1) * t[0] + t[loops - 1]) / loops
+                avg = loop_average(t, loops)
                 row[name] = dict(resid_ms=t[0], anchor_ms=t[loops - 1], avg_ms=avg,
                                  over_sdpa=avg / sd)
             ws_k = torch.empty(prefix, hkv, dim, device=DEV, dtype=torch.bfloat16)

@@ -173,23 +173,40 @@ def pool(cfg, hkv, dim, rows, loops=4):
                           device=DEV)
 
 
-def sdpa_time(q, k, v, *, causal=False) -> tuple[float, str]:
-    """Fastest fused PyTorch SDPA backend for ``q [B, Hq, n, D]``, ``k/v [B, Hkv, m, D]`` bf16
-    (GQA natively if the backend takes it, else K/V expanded to Hq heads, noted in the name)."""
-    gqa = q.shape[1] != k.shape[1]
+def loop_average(t: dict, loops: int) -> float:
+    """A layer's time per loop from ``t`` (loop -> time) of loop 0 and the anchor loop
+    ``loops - 1``: loops 0..L-2 cost the same (anchor plus their own residual)."""
+    return ((loops - 1) * t[0] + t[loops - 1]) / loops
+
+
+def sdpa_call(q, k, v, *, causal=False):
+    """(fn, backend name): PyTorch SDPA of ``q [B, Hq, n, D]`` over ``k/v [B, Hkv, m, D]`` bf16 on
+    the first fused backend that takes the shapes (each tried once), GQA natively if the
+    backend takes it, else K/V expanded to Hq heads (noted in the name)."""
+    def call(backends, kk, vv, gqa):
+        def fn():
+            with sdpa_kernel(backends):
+                return torch.nn.functional.scaled_dot_product_attention(
+                    q, kk, vv, is_causal=causal, enable_gqa=gqa)
+        return fn
+
     for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        fn = call([backend], k, v, q.shape[1] != k.shape[1])
         try:
-            with sdpa_kernel([backend]):
-                return bench(lambda: torch.nn.functional.scaled_dot_product_attention(
-                    q, k, v, is_causal=causal, enable_gqa=gqa)), backend.name
+            fn()
         except RuntimeError:
             continue
+        return fn, backend.name
     g = q.shape[1] // k.shape[1]
-    ke, ve = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
     backends = [SDPBackend.FLASH_ATTENTION] if DEV == "cuda" else [SDPBackend.MATH]
-    with sdpa_kernel(backends):
-        return bench(lambda: torch.nn.functional.scaled_dot_product_attention(
-            q, ke, ve, is_causal=causal)), "FLASH_ATTENTION(expanded kv)"
+    return (call(backends, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), False),
+            "FLASH_ATTENTION(expanded kv)")
+
+
+def sdpa_time(q, k, v, *, causal=False) -> tuple[float, str]:
+    """Median ms (`bench`) and backend name of `sdpa_call`'s SDPA."""
+    fn, name = sdpa_call(q, k, v, causal=causal)
+    return bench(fn), name
 
 
 def realistic_pool(cfg, *, num_loops: int, num_kv_heads: int, head_dim: int, rows: int,
