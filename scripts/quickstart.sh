@@ -9,6 +9,10 @@ cd "$(dirname "$0")/.."
 VENV=$(./scripts/setup.sh)
 PORT=${PORT:-30000}
 LOG=${LOG:-/tmp/sglang-rq-quickstart.log}
+if curl -sf "localhost:$PORT/health" >/dev/null 2>&1; then  # before touching $LOG, which it may be writing
+  echo "error: a server already answers on port $PORT (an earlier quickstart? kill its PID, or pass PORT=... and LOG=...)" >&2
+  exit 1
+fi
 "$VENV/bin/sglang-rq" serve --port "$PORT" --enable-metrics --sleep-on-idle "$@" >"$LOG" 2>&1 &
 PID=$!
 echo "sglang-rq serve started (pid $PID, log $LOG); waiting for it to be ready..."

@@ -41,6 +41,12 @@ def kv_size(argv: list[str]) -> int:
     p.add_argument("--json", action="store_true", help="Print one JSON object.")
     add_cli_args(p)
     args = p.parse_args(argv)
+    for flag, value in (("--memory-gb", args.memory_gb), ("--staging-tokens", args.staging_tokens),
+                        ("--max-running-requests", args.max_running_requests)):
+        if value is not None and value <= 0:
+            p.error(f"{flag}={value} must be > 0 (leave the flag out for its default)")
+    if args.tp_size < 1:
+        p.error(f"--tp-size={args.tp_size} must be >= 1")
     shape = layout.ModelKVShape.from_hf_config(args.model_config, tp_size=args.tp_size)
     cfg = RQConfig.from_args(args)
     staging_tokens = args.staging_tokens or layout.staging_tokens(
@@ -129,13 +135,38 @@ def _score(argv: list[str]) -> int:
     return run_score(argv)
 
 
+COMMANDS = {  # name: what it does (`sglang-rq --help`)
+    "serve": "run an SGLang server with the ResidualQuant KV cache (default: the embedded model)",
+    "kv-size": "bytes per token, staging and tokens in a budget for a model and KV format",
+    "eval": "quality of KV formats measured through the real server (held-out documents)",
+    "calibrate": "learn per-(layer, KV head) rotations that shrink quantization error",
+    "tasks": "accuracy on GSM8K, MATH500, HumanEval, MBPP, ARC-Easy against a running server",
+    "bundle": "the offline bundle for a CUDA host that has Python, torch and triton",
+    "doctor": "can this host serve sglang-rq? one ok/warn/FAIL line per fact",
+    "score": "log-probabilities of texts with decode's numerics",
+}
+
+
+def usage() -> str:
+    """The top-level help: one line per command."""
+    width = max(map(len, COMMANDS))
+    return "\n".join(["usage: sglang-rq COMMAND [options]   (sglang-rq COMMAND --help for its "
+                      "options)", "", "commands:",
+                      *(f"  {name:<{width}}  {what}" for name, what in COMMANDS.items())])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"serve": None, "kv-size": kv_size, "eval": _eval, "calibrate": _calibrate,
                 "tasks": _tasks, "bundle": _bundle, "doctor": _doctor, "score": _score}
+    assert commands.keys() == COMMANDS.keys()
+    if argv and argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
     if not argv or argv[0] not in commands:
-        print(f"usage: sglang-rq {{{','.join(commands)}}} [options]  (sglang-rq COMMAND --help)",
-              file=sys.stderr)
+        if argv:
+            print(f"error: unknown command {argv[0]!r}", file=sys.stderr)
+        print(usage(), file=sys.stderr)
         return 2
     try:
         if argv[0] == "serve":

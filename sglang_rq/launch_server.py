@@ -63,6 +63,17 @@ def rq_flags_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+def _format_flags() -> frozenset[str]:
+    """The KV-format flags (`config.add_cli_args`) other than ``--rq-disable``."""
+    p = argparse.ArgumentParser(add_help=False)
+    add_cli_args(p)
+    return frozenset(o for a in p._actions for o in a.option_strings) - {"--rq-disable"}
+
+
+# flags that mean nothing with --rq-disable (the budget and the canary still apply)
+_IGNORED_WHEN_DISABLED = _format_flags() | {"--rq-staging-tokens"}
+
+
 def check_serving_values(ours: argparse.Namespace) -> None:
     """Refuse a serving flag's value that would otherwise be ignored or misread: a KV budget,
     staging size, canary interval or recurrence count given as zero or below, or a KV budget
@@ -323,6 +334,11 @@ def prepare_environment(argv: list[str]) -> list[str]:
     ours, rest = parser.parse_known_args(argv)
     check_serving_values(ours)
     cfg = RQConfig.from_args(ours)
+    if not cfg.enabled:
+        ignored = sorted({a.split("=")[0] for a in argv if a.split("=")[0] in _IGNORED_WHEN_DISABLED})
+        if ignored:
+            print(f"sglang-rq: warning: --rq-disable serves SGLang's BF16 pool; ignoring "
+                  f"{', '.join(ignored)}", file=sys.stderr)
     env.RQ_CONFIG.set(cfg.to_json())
     env.RQ_KV_BUDGET_GB.set(ours.rq_kv_budget_gb)  # None or > 0 (check_serving_values)
     env.RQ_STAGING_TOKENS.set(ours.rq_staging_tokens)
@@ -435,6 +451,40 @@ def validate_against_model(cfg: RQConfig, model_path: str, *, tp_size: int = 1,
                        head_dim=shape.head_dim)
 
 
+def check_kv_budget(cfg: RQConfig, server_args) -> None:
+    """Refuse a ``--rq-kv-budget-gb`` that leaves no token slot once the pool's fixed bytes
+    (the staging buffer for one forward's tokens and the rotation matrices,
+    `layout.tokens_in_budget`) are taken from it: SGLang would load the weights and then stop
+    with its own advice to raise ``--mem-fraction-static``. Local models only (a hub id's shape
+    is known only when the pool is built).
+
+    Raises
+    ------
+    sglang_rq.config.RQConfigError
+        Naming the flag, the fixed bytes and the least budget that holds one page.
+    """
+    budget_gb = env.RQ_KV_BUDGET_GB.get()
+    hf = _local_model_config(server_args.model_path,
+                             json.loads(server_args.json_model_override_args or "{}"))
+    if not cfg.enabled or not budget_gb or budget_gb <= 0 or hf is None:
+        return
+    from sglang_rq import layout
+    from sglang_rq.plugin import staging_tokens_for
+
+    shape = layout.ModelKVShape.from_hf_config(hf, tp_size=server_args.tp_size)
+    staging = staging_tokens_for(server_args)
+    page = max(1, server_args.page_size or 1)
+    if layout.tokens_in_budget(shape, cfg, budget_bytes=int(budget_gb * 2**30),
+                               staging_tokens=staging) < page:
+        fixed = (layout.staging_bytes(shape, cfg, staging_tokens=staging)
+                 + layout.rotation_bytes(shape, cfg))
+        least = fixed + page * layout.kv_bytes_per_token(shape, cfg)
+        raise RQConfigError(
+            f"--rq-kv-budget-gb={budget_gb} leaves no token slot: the pool's fixed bytes take "
+            f"{fixed / 2**30:.4f} GiB (staging for {staging} tokens per forward, rotations); "
+            f"give more than {least / 2**30:.4f} GiB")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``sglang-rq serve`` and ``python -m sglang_rq.launch_server``."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -463,6 +513,7 @@ def main(argv: list[str] | None = None) -> None:
         validate_server_args(server_args)  # before any weights load
         validate_against_model(cfg, server_args.model_path, tp_size=server_args.tp_size,
                                overrides=json.loads(server_args.json_model_override_args or "{}"))
+        check_kv_budget(cfg, server_args)
     why = port_in_use_reason(server_args.host, server_args.port)
     if why is not None:
         raise RQConfigError(why)

@@ -12,9 +12,9 @@ enabled `RQConfig` (set by the launcher) it also installs, on private names of S
 * the attention backends ``rq_native`` (CPU reference) and ``rq_triton`` (CUDA kernels).
 
 Under the launcher (``SGLANG_RQ_CONFIG`` set, the RQ pool on or off) it also installs
-``TokenizerManager._validate_one_request`` (AROUND): token ids outside ``[0, vocab_size)`` are
-refused with a 400 (SGLang 0.5.23 checks only ``token_ids_logprob``; an out-of-vocabulary
-``input_ids`` on ``/generate`` raised IndexError in the scheduler and killed the server), and
+``TokenizerManager._validate_one_request`` (AROUND): token ids outside ``[0, vocab_size)`` and
+prompts of no tokens are refused with a 400 (SGLang 0.5.23 checks only ``token_ids_logprob``; an
+out-of-vocabulary ``input_ids``, or ``"text": ""``, on ``/generate`` killed the server), and
 ``CpuDeviceMixin.empty_cache`` (AFTER: ``malloc_trim(0)``, so ``/flush_cache`` on a CPU server
 returns the C heap's free pages to the OS; docs/robustness.md section 6).
 
@@ -244,18 +244,27 @@ def _budget_hook(original, self, pre_model_load_memory):
 
 def _input_ids_hook(original, self, obj, input_ids, *args, **kwargs):
     """AROUND ``TokenizerManager._validate_one_request``: refuse token ids outside the
-    vocabulary before they reach the scheduler.
+    vocabulary, and a prompt of no tokens, before they reach the scheduler.
 
     Parameters
     ----------
     input_ids:
-        The request's token ids (a list of ints, possibly empty); the rest is passed through.
+        The request's token ids (a list of ints, possibly empty; None where the request carries
+        embeddings instead); the rest is passed through.
 
     Raises
     ------
     ValueError
-        Naming the first offending id and ``[0, vocab_size)``; SGLang's HTTP layer answers 400.
+        Naming the first offending id and ``[0, vocab_size)``, or the empty prompt; SGLang's
+        HTTP layer answers 400. (SGLang 0.5.23 refuses an empty ``input_ids`` and an empty
+        ``/v1/completions`` prompt, but ``/generate`` with ``"text": ""`` tokenizes to no ids
+        under a tokenizer that adds no BOS (the embedded models'): alone, its prefill of 0
+        tokens killed the scheduler; in a batch it was answered from another request's last
+        token.)
     """
+    if input_ids is not None and len(input_ids) == 0:
+        raise ValueError("the prompt is empty (no tokens after tokenization): send at least one "
+                         "token")
     if input_ids:
         vocab = self.model_config.vocab_size
         lo, hi = min(input_ids), max(input_ids)
@@ -308,14 +317,15 @@ def model_kv_shape(model_config):
     return ModelKVShape.from_model_config(model_config, tp_size=get_parallel().attn_tp_size)
 
 
-def staging_tokens_for(server_args) -> int:
-    """`layout.staging_tokens` of SGLang's ``ServerArgs``, unless ``SGLANG_RQ_STAGING_TOKENS``
-    (``--rq-staging-tokens``) overrides it."""
+def staging_tokens_for(server_args, *, override: bool = True) -> int:
+    """`layout.staging_tokens` of SGLang's ``ServerArgs``, unless ``override`` and
+    ``SGLANG_RQ_STAGING_TOKENS`` (``--rq-staging-tokens``, at least that: `check_staging_tokens`)
+    gives the size."""
     from sglang_rq.layout import staging_tokens
 
-    override = env.RQ_STAGING_TOKENS.get()
-    if override:
-        return override
+    given = env.RQ_STAGING_TOKENS.get() if override else None
+    if given:
+        return given
     return staging_tokens(chunked_prefill_size=server_args.chunked_prefill_size,
                           max_prefill_tokens=server_args.max_prefill_tokens,
                           max_running_requests=server_args.max_running_requests,
@@ -365,3 +375,30 @@ def validate_server_args(args) -> None:
     if problems:
         raise RQConfigError("ResidualQuant KV cache cannot run with: " + "; ".join(problems)
                             + ". Remove these flags or pass --rq-disable.")
+    check_staging_tokens(args)
+
+
+def check_staging_tokens(args) -> None:
+    """Refuse a ``--rq-staging-tokens`` below what one forward can carry under SGLang's
+    ``ServerArgs`` ``args`` (`layout.staging_tokens`: the largest prefill chunk or decode batch,
+    plus the decode batch when chunks are mixed), which the pool's ``save`` would otherwise
+    meet at the first long prompt, with the scheduler's death.
+
+    Raises
+    ------
+    RQConfigError
+        Naming ``--rq-staging-tokens``, the tokens needed and the flags they come from.
+    """
+    from sglang_rq.layout import DEFAULT_MAX_RUNNING_REQUESTS
+
+    given = env.RQ_STAGING_TOKENS.get()
+    need = staging_tokens_for(args, override=False)
+    if given and given < need:
+        running = (f"--max-running-requests {args.max_running_requests}"
+                   if args.max_running_requests else
+                   f"--max-running-requests unset, taken as {DEFAULT_MAX_RUNNING_REQUESTS}")
+        mixed = ", chunks mixed with decodes (--enable-mixed-chunk)" if args.enable_mixed_chunk else ""
+        raise RQConfigError(
+            f"--rq-staging-tokens={given} is below the {need} tokens one forward can carry "
+            f"(--chunked-prefill-size {args.chunked_prefill_size}, {running}{mixed}); raise it "
+            f"to at least {need}, lower those flags, or leave it out for its default")

@@ -160,6 +160,12 @@ CASES: list[tuple[str, str, object, int]] = [
     ("input-ids-batch-one-bad", GEN, {"input_ids": [[1, 5], [1, 8192]], "sampling_params": {
         "max_new_tokens": 2}}, 400),
     ("empty-prompt", CMPL, {"model": "m", "prompt": "", "max_tokens": 2}, 400),
+    # "text": "" on /generate tokenizes to no ids (the embedded tokenizer adds no BOS): its
+    # prefill of 0 tokens killed the server (a new-user review found it); in a batch it was
+    # answered from the other request's context. The input-ids hook answers 400.
+    ("empty-text-generate", GEN, {"text": "", "sampling_params": {"max_new_tokens": 2}}, 400),
+    ("empty-text-in-batch-generate", GEN, {"text": ["hello", ""], "sampling_params": {
+        "max_new_tokens": 2}}, 400),
     ("oversized-body", CMPL, {"model": "m", "prompt": BIG, "max_tokens": 1}, 400),
     ("max-new-tokens-negative-generate", GEN, {"text": "hi", "sampling_params": {
         "max_new_tokens": -1}}, 400),

@@ -64,6 +64,46 @@ def test_bad_format_exits_fast_with_the_flag_named():
     print(f"refused in {time.monotonic() - t:.1f} s")
 
 
+def test_format_flags_with_rq_disable_are_named_as_ignored(clean_env, capsys):
+    """A new-user review: `--rq-disable --rq-anchor-bits 8` started without a word."""
+    prepare_environment(["--rq-disable", "--rq-anchor-bits", "8", "--rq-loop-bits=8,2,2,2",
+                         "--rq-kv-budget-gb", "1"])
+    err = capsys.readouterr().err
+    assert ("sglang-rq: warning: --rq-disable serves SGLang's BF16 pool; ignoring "
+            "--rq-anchor-bits, --rq-loop-bits") in err
+    prepare_environment(["--rq-disable", "--rq-kv-budget-gb", "1"])
+    assert "ignoring" not in capsys.readouterr().err
+
+
+def test_staging_below_one_forward_is_refused_before_weights_load():
+    """A new-user review found `--rq-staging-tokens 100` accepted: the server started and the
+    first ~500-token prompt killed its scheduler (the pool's save refuses a forward larger than
+    the staging buffer). The CPU server's defaults (chunks of 2,048 tokens, 32 running
+    requests) need max(2048, 32) = 2,048 staging tokens (`layout.staging_tokens`)."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "sglang_rq.launch_server", "--rq-staging-tokens",
+                        "100", "--port", "1"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert ("error: --rq-staging-tokens=100 is below the 2048 tokens one forward can carry "
+            "(--chunked-prefill-size 2048, --max-running-requests 32)") in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+
+
+def test_budget_below_the_fixed_bytes_is_refused_before_weights_load():
+    """A new-user review: `--rq-kv-budget-gb 0.00001` loaded the weights, then SGLang stopped
+    with its advice to raise --mem-fraction-static (exit 137). The embedded model's staging
+    buffer alone (2,048 tokens) is ~50 MB."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "sglang_rq.launch_server", "--rq-kv-budget-gb",
+                        "0.00001", "--port", "1"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "error: --rq-kv-budget-gb=1e-05 leaves no token slot" in r.stderr, r.stderr[-2000:]
+    assert "(staging for 2048 tokens per forward, rotations)" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_missing_local_model_path_is_refused_before_sglang(clean_env, tmp_path):
     """Found by a fresh-clone check: ``--model-path /nonexistent/model`` reached transformers,
     which printed a misleading canary line and four chained tracebacks."""

@@ -150,6 +150,24 @@ def test_kv_size_cli_json(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "sglang_rq.cli", "kv-size", "--model-config", str(cfg),
                           "--rq-group-size", "48"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--rq-group-size=48" in bad.stderr
+    neg = subprocess.run([sys.executable, "-m", "sglang_rq.cli", "kv-size", "--model-config", str(cfg),
+                          "--memory-gb", "-1"], capture_output=True, text=True)
+    assert neg.returncode == 2 and "--memory-gb=-1.0 must be > 0" in neg.stderr
+
+
+def test_cli_help_lists_commands_and_names_an_unknown_one():
+    """A new-user review found `sglang-rq --help` printing one usage line with exit status 2,
+    and `sglang-rq foo` the same line without saying why."""
+    from sglang_rq.cli import COMMANDS
+
+    ok = subprocess.run([sys.executable, "-m", "sglang_rq.cli", "--help"], capture_output=True,
+                        text=True)
+    assert ok.returncode == 0
+    for name in ("serve", "kv-size", "eval", "calibrate", "tasks", "bundle", "doctor", "score"):
+        assert f"  {name} " in ok.stdout and name in COMMANDS
+    bad = subprocess.run([sys.executable, "-m", "sglang_rq.cli", "foo"], capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "error: unknown command 'foo'" in bad.stderr
 
 
 def test_model_kv_shape_from_hf_config_and_tensor_parallel(tmp_path):
