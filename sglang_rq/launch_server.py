@@ -519,9 +519,11 @@ def main(argv: list[str] | None = None) -> None:
         raise RQConfigError(why)
     from sglang.srt.entrypoints.http_server import app
 
+    from sglang_rq import http_errors
     from sglang_rq.canary import install
 
     install(app, server_args)  # /rq/ready + canary thread (single-tokenizer HTTP server)
+    http_errors.install(app)  # validation errors without the server's file paths
     run_server(server_args)
 
 
