@@ -9,10 +9,15 @@ cd "$(dirname "$0")/.."
 VENV=$(./scripts/setup.sh)
 PORT=${PORT:-30000}
 LOG=${LOG:-/tmp/sglang-rq-quickstart.log}
-if curl -sf "localhost:$PORT/health" >/dev/null 2>&1; then  # before touching $LOG, which it may be writing
-  echo "error: a server already answers on port $PORT (an earlier quickstart? kill its PID, or pass PORT=... and LOG=...)" >&2
-  exit 1
+# Before touching $LOG, which an earlier quickstart's server may be writing: a lock its server
+# holds for its lifetime (inherited descriptor 9), and any HTTP answer on the port (503 while
+# it starts).
+busy="error: an earlier quickstart's server still runs (or something answers on port $PORT); kill its PID, or pass PORT=... and LOG=..."
+if command -v flock >/dev/null; then
+  exec 9>>"$LOG.lock"
+  flock -n 9 || { echo "$busy" >&2; exit 1; }
 fi
+if curl -s -o /dev/null "localhost:$PORT/health" 2>/dev/null; then echo "$busy" >&2; exit 1; fi
 "$VENV/bin/sglang-rq" serve --port "$PORT" --enable-metrics --sleep-on-idle "$@" >"$LOG" 2>&1 &
 PID=$!
 echo "sglang-rq serve started (pid $PID, log $LOG); waiting for it to be ready..."

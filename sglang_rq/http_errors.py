@@ -5,9 +5,11 @@ malformed JSON, a wrong content type) with 400 and ``str(exc)`` of FastAPI's
 ``RequestValidationError``, which ends with the endpoint's source file and line (a path into the
 server's virtual environment) and echoes the offending input, on every route but
 ``/v1/messages`` (which SGLang scrubs). `install` puts a handler in front of SGLang's that hands
-it the same errors without the endpoint context and without the echoed input or the pydantic
-documentation URL: same status, same response shape, the message names the field and the
-problem (docs/robustness.md section 3).
+it the same errors without the endpoint context and without the echoed ``input`` (FastAPI
+already leaves out pydantic's documentation URL): same status, same response shape, the message
+names the field and the problem (docs/robustness.md section 3). Field names themselves (``loc``)
+are still named. Only the main HTTP process's app is wrapped: with ``--tokenizer-worker-num`` > 1
+the workers' apps answer as SGLang does.
 """
 
 from __future__ import annotations

@@ -260,9 +260,12 @@ def _input_ids_hook(original, self, obj, input_ids, *args, **kwargs):
         ``/v1/completions`` prompt, but ``/generate`` with ``"text": ""`` tokenizes to no ids
         under a tokenizer that adds no BOS (the embedded models'): alone, its prefill of 0
         tokens killed the scheduler; in a batch it was answered from another request's last
-        token.)
+        token.) A multimodal or embeddings request may carry no ids and passes.
     """
-    if input_ids is not None and len(input_ids) == 0:
+    multimodal = getattr(obj, "contains_mm_input", None)
+    if (input_ids is not None and len(input_ids) == 0
+            and not (multimodal is not None and multimodal())
+            and getattr(obj, "input_embeds", None) is None):
         raise ValueError("the prompt is empty (no tokens after tokenization): send at least one "
                          "token")
     if input_ids:
@@ -317,13 +320,12 @@ def model_kv_shape(model_config):
     return ModelKVShape.from_model_config(model_config, tp_size=get_parallel().attn_tp_size)
 
 
-def staging_tokens_for(server_args, *, override: bool = True) -> int:
-    """`layout.staging_tokens` of SGLang's ``ServerArgs``, unless ``override`` and
-    ``SGLANG_RQ_STAGING_TOKENS`` (``--rq-staging-tokens``, at least that: `check_staging_tokens`)
-    gives the size."""
+def staging_tokens_for(server_args) -> int:
+    """`layout.staging_tokens` of SGLang's ``ServerArgs``, unless ``SGLANG_RQ_STAGING_TOKENS``
+    (``--rq-staging-tokens``, no less than one forward: `check_staging_tokens`) overrides it."""
     from sglang_rq.layout import staging_tokens
 
-    given = env.RQ_STAGING_TOKENS.get() if override else None
+    given = env.RQ_STAGING_TOKENS.get()
     if given:
         return given
     return staging_tokens(chunked_prefill_size=server_args.chunked_prefill_size,
@@ -380,25 +382,29 @@ def validate_server_args(args) -> None:
 
 def check_staging_tokens(args) -> None:
     """Refuse a ``--rq-staging-tokens`` below what one forward can carry under SGLang's
-    ``ServerArgs`` ``args`` (`layout.staging_tokens`: the largest prefill chunk or decode batch,
-    plus the decode batch when chunks are mixed), which the pool's ``save`` would otherwise
-    meet at the first long prompt, with the scheduler's death.
+    ``ServerArgs`` ``args`` (`layout.staging_tokens` without the mixed-chunk margin: the larger
+    of the prefill chunk and the decode batch), which the pool's ``save`` would otherwise meet
+    at the first long prompt, with the scheduler's death.
 
     Raises
     ------
     RQConfigError
         Naming ``--rq-staging-tokens``, the tokens needed and the flags they come from.
     """
-    from sglang_rq.layout import DEFAULT_MAX_RUNNING_REQUESTS
+    from sglang_rq.layout import DEFAULT_MAX_RUNNING_REQUESTS, staging_tokens
 
     given = env.RQ_STAGING_TOKENS.get()
-    need = staging_tokens_for(args, override=False)
+    # SGLang takes a mixed batch's decode tokens out of the chunk's budget, so one forward
+    # carries at most the larger of the two (the default size adds them, to be safe)
+    need = staging_tokens(chunked_prefill_size=args.chunked_prefill_size,
+                          max_prefill_tokens=args.max_prefill_tokens,
+                          max_running_requests=args.max_running_requests,
+                          enable_mixed_chunk=False)
     if given and given < need:
         running = (f"--max-running-requests {args.max_running_requests}"
                    if args.max_running_requests else
                    f"--max-running-requests unset, taken as {DEFAULT_MAX_RUNNING_REQUESTS}")
-        mixed = ", chunks mixed with decodes (--enable-mixed-chunk)" if args.enable_mixed_chunk else ""
         raise RQConfigError(
             f"--rq-staging-tokens={given} is below the {need} tokens one forward can carry "
-            f"(--chunked-prefill-size {args.chunked_prefill_size}, {running}{mixed}); raise it "
+            f"(--chunked-prefill-size {args.chunked_prefill_size}, {running}); raise it "
             f"to at least {need}, lower those flags, or leave it out for its default")

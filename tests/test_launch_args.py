@@ -64,6 +64,11 @@ def test_bad_format_exits_fast_with_the_flag_named():
     print(f"refused in {time.monotonic() - t:.1f} s")
 
 
+# the CPU server's defaults, given explicitly so that a CUDA host (whose SGLang defaults differ)
+# gets the same figures
+CPU_SIZES = ("--chunked-prefill-size", "2048", "--max-running-requests", "32")
+
+
 def test_format_flags_with_rq_disable_are_named_as_ignored(clean_env, capsys):
     """A new-user review: `--rq-disable --rq-anchor-bits 8` started without a word."""
     prepare_environment(["--rq-disable", "--rq-anchor-bits", "8", "--rq-loop-bits=8,2,2,2",
@@ -83,7 +88,8 @@ def test_staging_below_one_forward_is_refused_before_weights_load():
     import subprocess
 
     r = subprocess.run([sys.executable, "-m", "sglang_rq.launch_server", "--rq-staging-tokens",
-                        "100", "--port", "1"], capture_output=True, text=True, timeout=300)
+                        "100", "--port", "1", *CPU_SIZES], capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 2, r.stderr[-2000:]
     assert ("error: --rq-staging-tokens=100 is below the 2048 tokens one forward can carry "
             "(--chunked-prefill-size 2048, --max-running-requests 32)") in r.stderr, r.stderr[-2000:]
@@ -97,7 +103,8 @@ def test_budget_below_the_fixed_bytes_is_refused_before_weights_load():
     import subprocess
 
     r = subprocess.run([sys.executable, "-m", "sglang_rq.launch_server", "--rq-kv-budget-gb",
-                        "0.00001", "--port", "1"], capture_output=True, text=True, timeout=300)
+                        "0.00001", "--port", "1", *CPU_SIZES], capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "error: --rq-kv-budget-gb=1e-05 leaves no token slot" in r.stderr, r.stderr[-2000:]
     assert "(staging for 2048 tokens per forward, rotations)" in r.stderr
@@ -237,3 +244,46 @@ def test_malformed_rq_flag_is_one_line(clean_env):
         prepare_environment(["--rq-anchor", "middle"])
     with pytest.raises(RQConfigError, match="argument --rq-residual-bits: invalid int value"):
         prepare_environment(["--rq-residual-bits", "abc"])
+
+
+def test_staging_refusal_follows_one_forward_not_the_default_margin(monkeypatch):
+    """`plugin.check_staging_tokens`: one forward carries at most max(chunk, decode batch);
+    with --enable-mixed-chunk SGLang takes the decode tokens out of the chunk's budget, so
+    8,192 staging tokens serve chunks of 8,192 mixed with 256 decodes (the default size,
+    `layout.staging_tokens`, adds them: 8,448), and 8,191 do not."""
+    from types import SimpleNamespace
+
+    from sglang_rq import env
+    from sglang_rq.config import RQConfigError
+    from sglang_rq.plugin import check_staging_tokens
+
+    args = SimpleNamespace(chunked_prefill_size=8192, max_prefill_tokens=16384,
+                           max_running_requests=256, enable_mixed_chunk=True)
+    monkeypatch.setenv(env.RQ_STAGING_TOKENS.name, "8192")
+    check_staging_tokens(args)
+    monkeypatch.setenv(env.RQ_STAGING_TOKENS.name, "8191")
+    with pytest.raises(RQConfigError, match="below the 8192 tokens one forward can carry"):
+        check_staging_tokens(args)
+    args.max_running_requests = None  # unset: taken as 4096, below the chunk
+    with pytest.raises(RQConfigError, match="unset, taken as 4096"):
+        check_staging_tokens(args)
+
+
+def test_empty_prompt_refused_unless_multimodal_or_embeddings():
+    """`plugin._input_ids_hook`: no token ids is a 400 (ValueError) for a text prompt; a
+    multimodal request (ids filled in by its processor) or one carrying embeddings passes on."""
+    from types import SimpleNamespace
+
+    from sglang_rq.plugin import _input_ids_hook
+
+    def original(self, obj, input_ids):
+        return "validated"
+
+    text = SimpleNamespace(contains_mm_input=lambda: False, input_embeds=None)
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        _input_ids_hook(original, None, text, [])
+    audio = SimpleNamespace(contains_mm_input=lambda: True, input_embeds=None)
+    assert _input_ids_hook(original, None, audio, []) == "validated"
+    embeds = SimpleNamespace(contains_mm_input=lambda: False, input_embeds=[[0.0]])
+    assert _input_ids_hook(original, None, embeds, []) == "validated"
+    assert _input_ids_hook(original, None, text, None) == "validated"
