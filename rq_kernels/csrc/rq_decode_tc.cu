@@ -1043,6 +1043,10 @@ rq_decode_tc_split(const Args A) {
     const int nt = STAGES - SUBT + u;
     pslot[u] = nt < ntiles ? tile_slot(A, base, lo + nt * TILE, hi, lane) : 0;
   }
+  // q_mode 2: this lane's Hadamard signs (not another kernel's output: loaded before the wait)
+  float sg[D / 32];
+#pragma unroll
+  for (int e = 0; e < D / 32; ++e) sg[e] = A.q_mode == 2 ? A.signs[hk * D + (D / 32) * lane + e] : 1.f;
   __syncwarp();
   // the history copies are in flight; the query is the previous kernel's output
   griddep_wait();
@@ -1067,7 +1071,7 @@ rq_decode_tc_split(const Args A) {
       }
       if (A.q_mode == 2) {
 #pragma unroll
-        for (int e = 0; e < E; ++e) x[e] *= A.signs[hk * D + E * lane + e];
+        for (int e = 0; e < E; ++e) x[e] *= sg[e];
         fwht<E>(x, lane);
 #pragma unroll
         for (int e = 0; e < E; ++e) x[e] *= A.q_alpha;
