@@ -264,9 +264,12 @@ def hadamard_signs(view: CompressedLayerView, device: torch.device) -> torch.Ten
             for bit in range(d.bit_length()):
                 parity ^= (both >> bit) & 1
             sylvester = 1.0 - 2.0 * parity.float()  # (-1)^popcount(i & j)
-            s = sign[:, :, 0]  # column 0 of H is all ones
+            # column 0 of H is all ones; made contiguous before the check's host sync, so no
+            # kernel writing it is still running when a decode kernel reads it (the tc split
+            # kernel loads the signs before its programmatic-dependent-launch wait)
+            s = sign[:, :, 0].contiguous()
             if bool((sign == s[:, :, None] * sylvester).all()):
-                out = s.contiguous()
+                out = s
     view.kernel_rotation[key] = out
     return out
 

@@ -1043,6 +1043,10 @@ rq_decode_tc_split(const Args A) {
     const int nt = STAGES - SUBT + u;
     pslot[u] = nt < ntiles ? tile_slot(A, base, lo + nt * TILE, hi, lane) : 0;
   }
+  // q_mode 2: this lane's Hadamard signs (not another kernel's output: loaded before the wait)
+  float sg[D / 32];
+#pragma unroll
+  for (int e = 0; e < D / 32; ++e) sg[e] = A.q_mode == 2 ? A.signs[hk * D + (D / 32) * lane + e] : 1.f;
   __syncwarp();
   // the history copies are in flight; the query is the previous kernel's output
   griddep_wait();
@@ -1067,7 +1071,7 @@ rq_decode_tc_split(const Args A) {
       }
       if (A.q_mode == 2) {
 #pragma unroll
-        for (int e = 0; e < E; ++e) x[e] *= A.signs[hk * D + E * lane + e];
+        for (int e = 0; e < E; ++e) x[e] *= sg[e];
         fwht<E>(x, lane);
 #pragma unroll
         for (int e = 0; e < E; ++e) x[e] *= A.q_alpha;
@@ -1079,6 +1083,23 @@ rq_decode_tc_split(const Args A) {
     __syncwarp();
   }
 
+  // ---- this thread's slice of its query row: SL elements SL t + e of row h as fp32 (0 where
+  // slice t does not feed row g: a_rows), from SL / 8 16-byte shared loads, each element
+  // converted once (both K sides take the anchor's and the residual's fragments from it)
+  float qv[SL];
+  {
+    const uint4* q4 = reinterpret_cast<const uint4*>(qs + (row_ok ? h : 0) * D + SL * t);
+#pragma unroll
+    for (int i = 0; i < SL / 8; ++i) {
+      const uint4 w = a_rows ? q4[i] : make_uint4(0u, 0u, 0u, 0u);
+      const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        qv[8 * i + 2 * j] = __uint_as_float(ws[j] << 16);
+        qv[8 * i + 2 * j + 1] = __uint_as_float(ws[j] & 0xFFFF0000u);
+      }
+    }
+  }
 #if KINT
   // ---- query fragments (fixed point: row g & 3 scaled so its largest |element| is QFIX, split
   // q16 = 256 hi + lo into s8 halves; columns g < 4 the high, g >= 4 the low halves), the
@@ -1089,26 +1110,24 @@ rq_decode_tc_split(const Args A) {
 #endif
   float qsum = 0.f, qmax = 0.f;
   {
-    const uint16_t* qh = qs + (row_ok ? h : 0) * D + SL * t;
-    auto qel = [&](int e) {
-      return a_rows ? __uint_as_float((uint32_t)qh[e] << 16) : 0.f;
-    };
 #pragma unroll
     for (int e = 0; e < SL; ++e) {
-      const float x = qel(e);
-      qsum += g < 4 ? x : 0.f;
-      qmax = fmaxf(qmax, fabsf(x));
+      qsum += qv[e];
+      qmax = fmaxf(qmax, fabsf(qv[e]));
     }
+    qsum = g < 4 ? qsum : 0.f;
     // the row's group spans the quad's slices of it (GS 64: two); other slices hold 0
     qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, 1));
     qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, 2));
     const float qscale = qmax > 0.f ? QFIX / qmax : 0.f;
     const bool low = g >= 4;
-    auto qbyte = [&](int e) -> uint32_t {
-      const int q16 = __float2int_rn(qel(e) * qscale);
+    uint32_t qb[SL];  // element e's s8 half as a byte
+#pragma unroll
+    for (int e = 0; e < SL; ++e) {
+      const int q16 = __float2int_rn(qv[e] * qscale);
       const int qhi = (q16 + 128) >> 8;
-      return (uint32_t)((low ? q16 - 256 * qhi : qhi) & 0xFF);
-    };
+      qb[e] = (uint32_t)(low ? q16 - 256 * qhi : qhi) & 0xFFu;
+    }
 #pragma unroll
     for (int r = 0; r < SL / 4; ++r) {
       uint32_t wa = 0;
@@ -1117,9 +1136,9 @@ rq_decode_tc_split(const Args A) {
 #endif
 #pragma unroll
       for (int bb = 0; bb < 4; ++bb) {
-        wa |= qbyte(k_elem_int<A_BITS>(r, bb)) << (8 * bb);
+        wa |= qb[k_elem_int<A_BITS>(r, bb)] << (8 * bb);
 #if R_BITS > 0
-        wr |= qbyte(k_elem_int<R_BITS>(r, bb)) << (8 * bb);
+        wr |= qb[k_elem_int<R_BITS>(r, bb)] << (8 * bb);
 #endif
       }
       qa[r / 2][r % 2] = wa;
@@ -1153,7 +1172,6 @@ rq_decode_tc_split(const Args A) {
 #endif
   float fold_a = 0.f, fold_r = 0.f, qsum = 0.f;
   {
-    const uint16_t* qh = qs + (row_ok ? h : 0) * D + SL * t;
 #pragma unroll
     for (int r = 0; r < SL / 2; ++r) {
       float v[2];
@@ -1162,12 +1180,11 @@ rq_decode_tc_split(const Args A) {
 #endif
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const float x = a_rows ? __uint_as_float((uint32_t)qh[k_elem<A_BITS>(r, half)] << 16) : 0.f;
+        const float x = qv[k_elem<A_BITS>(r, half)];
         v[half] = x * pos_scale<A_BITS>(r % (16 / A_BITS));
         qsum += x;
 #if R_BITS > 0
-        const float y = a_rows ? __uint_as_float((uint32_t)qh[k_elem<R_BITS>(r, half)] << 16) : 0.f;
-        w[half] = y * pos_scale<R_BITS>(r % (16 / R_BITS));
+        w[half] = qv[k_elem<R_BITS>(r, half)] * pos_scale<R_BITS>(r % (16 / R_BITS));
 #endif
       }
       // the folds from the fragments as rounded (an element below fp16's normal range rounds)
