@@ -476,8 +476,7 @@ def check_kv_budget(cfg: RQConfig, server_args) -> None:
     page = max(1, server_args.page_size or 1)
     if layout.tokens_in_budget(shape, cfg, budget_bytes=int(budget_gb * 2**30),
                                staging_tokens=staging) < page:
-        fixed = (layout.staging_bytes(shape, cfg, staging_tokens=staging)
-                 + layout.rotation_bytes(shape, cfg))
+        fixed = layout.fixed_bytes(shape, cfg, staging_tokens=staging)
         least = fixed + page * layout.kv_bytes_per_token(shape, cfg)
         raise RQConfigError(
             f"--rq-kv-budget-gb={budget_gb} leaves no token slot: the pool's fixed bytes take "

@@ -424,10 +424,18 @@ def rotation_bytes(shape: ModelKVShape, cfg: RQConfig) -> int:
                for st in kv_stacks(shape, cfg) if st.cfg.rotation != "none")
 
 
+def fixed_bytes(shape: ModelKVShape, cfg: RQConfig, *, staging_tokens: int,
+                dtype_bytes: int = BF16_BYTES) -> int:
+    """The pool's bytes that do not grow with its tokens: `staging_bytes` (staging in
+    ``dtype_bytes``) plus `rotation_bytes`."""
+    return (staging_bytes(shape, cfg, staging_tokens=staging_tokens, dtype_bytes=dtype_bytes)
+            + rotation_bytes(shape, cfg))
+
+
 def tokens_in_budget(shape: ModelKVShape, cfg: RQConfig, *, budget_bytes: int,
                      staging_tokens: int = 0) -> int:
     """Token slots that fit in ``budget_bytes`` after the fixed staging and rotation bytes."""
-    fixed = staging_bytes(shape, cfg, staging_tokens=staging_tokens) + rotation_bytes(shape, cfg)
+    fixed = fixed_bytes(shape, cfg, staging_tokens=staging_tokens)
     return max(0, (budget_bytes - fixed) // kv_bytes_per_token(shape, cfg))
 
 

@@ -207,13 +207,12 @@ def _fixed_overhead_hook(result, self, kvc):
     (`layout.staging_bytes`, the model's dtype) and the rotation matrices
     (`layout.rotation_bytes`) to ``self._fixed_overhead_bytes``, so SGLang's token count leaves
     room for them. Returns ``result`` unchanged; a no-op before `_cell_size_hook` ran."""
-    from sglang_rq.layout import rotation_bytes, staging_bytes
+    from sglang_rq.layout import fixed_bytes
 
     if _Runtime.shape is not None:
-        self._fixed_overhead_bytes += staging_bytes(
+        self._fixed_overhead_bytes += fixed_bytes(
             _Runtime.shape, _Runtime.cfg, staging_tokens=_Runtime.staging_tokens,
-            dtype_bytes=kvc.model_config.dtype.itemsize,
-        ) + rotation_bytes(_Runtime.shape, _Runtime.cfg)
+            dtype_bytes=kvc.model_config.dtype.itemsize)
     return result
 
 
