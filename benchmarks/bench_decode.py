@@ -30,6 +30,13 @@ CUDA graph, each over its own copy of the data (`common.chain_copies`: the copie
 least 3x the L2), behind a separator kernel, no L2 flush. The flushed single-call timing above
 charges a short call with writing back the L2's dirty lines that do_bench's flush leaves (up to
 the L2's 50 MB at a few TB/s) and with a graph launch; the chain charges neither, for every arm.
+
+FlashInfer (``--flashinfer DIR``, default ``.gpu-bundle`` where `benchmarks/flashinfer_bundle.py`
+wrote its modules; the JSON's ``flashinfer``): FlashInfer's BF16 paged decode
+(`benchmarks.flashinfer_decode`, SGLang's FlashInfer decode at page size 1) over the same K/V as
+SDPA, timed flushed and chained as SDPA is (``vs_flashinfer`` = its time / the kernel's), its
+output checked against SDPA's (``max_abs_diff_vs_sdpa``). Without the bundle the arm is skipped
+and the JSON says why.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from benchmarks.common import (  # noqa: E402
     DEV, FAMILIES, bench, bench_args, chain_copies, chain_ms, copy_bandwidth, loop_average,
     loop_bytes_per_token, pool, read_arms, read_roofline, sdpa_call, sdpa_time, write_json,
 )
+from benchmarks.flashinfer_decode import FlashInferDecode  # noqa: E402
 from rq_kernels import decode_attention  # noqa: E402
 from rq_kernels.decode import DecodeLaunch, fma_unsupported_reason  # noqa: E402
 from rq_kernels.decode_tc import tc_unsupported_reason  # noqa: E402
@@ -159,13 +167,16 @@ def chain_points(cfg, hkv, dim, loops, points) -> dict:
     return {(b, c): chain_copies(least * b * c) for b, c in points}
 
 
-def time_chained(launch, view, q, kc, vc, ind, idx, dim, loops, copies, cfg, read_arm) -> dict:
+def time_chained(launch, view, q, kc, vc, ind, idx, dim, loops, copies, cfg, read_arm,
+                 fi=None) -> dict:
     """One point timed chained (`common.chain_ms`): the split kernel ``launch`` over ``copies``
     copies of the requests' history (request rows ``idx`` shifted by whole batches: the pool
     holds ``copies x len(idx)`` rows past row 0), the pure read ``read_arm`` (the arm the flushed
     read picked, `time_reads`'s) of as many bytes per loop (as many copies, one buffer), and
     BF16 SDPA (`common.sdpa_call`) over its own copies of distinct K and V ``[B, Hkv, ctx + 1,
-    D]``. Times in ms per call; RQ and read averaged over the loops (`common.loop_average`)."""
+    D]``, and FlashInfer's decode (``fi``, a `flashinfer_decode.FlashInferDecode`, if given) over
+    as many copies in its page layout. Times in ms per call; RQ and read averaged over the loops
+    (`common.loop_average`)."""
     b, hq, _ = q.shape
     hkv = kc.shape[1]
     tokens = idx.numel()
@@ -190,10 +201,34 @@ def time_chained(launch, view, q, kc, vc, ind, idx, dim, loops, copies, cfg, rea
                              for _ in range(2)))[0] for _ in range(kv_copies)]
     sdpa_ms = chain_ms(sdpas)
     del sdpas
-    return dict(copies=copies, sdpa_copies=kv_copies, sdpa_ms=sdpa_ms,
+    fi_ms = None
+    if fi is not None:
+        q1, o1 = qs[:, :, 0].contiguous(), torch.empty_like(qs[:, :, 0])
+        fis = [fi.call(*(torch.randn(b * (ctx + 1), 1, hkv, dim, device=DEV, dtype=torch.bfloat16)
+                         for _ in range(2)), [ctx + 1] * b, hq, sm_scale=dim ** -0.5)
+               for _ in range(kv_copies)]
+        fi_ms = chain_ms([lambda f=f: f(q1, o1) for f in fis])
+        del fis
+    return dict(copies=copies, sdpa_copies=kv_copies, sdpa_ms=sdpa_ms, flashinfer_ms=fi_ms,
                 read=dict(resid_ms=rd[0], anchor_ms=rd[loops - 1], avg_ms=loop_average(rd, loops),
                           arm=read_arm),
                 rq=dict(resid_ms=rq[0], anchor_ms=rq[loops - 1], avg_ms=loop_average(rq, loops)))
+
+
+def time_flashinfer(fi, qs, ks) -> dict:
+    """FlashInfer's decode of ``qs [B, Hq, 1, D]`` over ``ks [B, Hkv, ctx + 1, D]`` as K and V
+    (SDPA's flushed operands, laid out as pages of one token): median ms (`bench`) and its
+    largest difference from SDPA's output."""
+    b, hkv, n, dim = ks.shape
+    pages = ks.permute(0, 2, 1, 3).reshape(b * n, 1, hkv, dim).contiguous()
+    q1 = qs[:, :, 0].contiguous()
+    out = torch.empty_like(q1)
+    call = fi.call(pages, pages, [n] * b, q1.shape[1], sm_scale=dim ** -0.5)
+    got = call(q1, out).float()
+    want = sdpa_call(qs, ks, ks)[0]()[:, :, 0].float()
+    return dict(ms=bench(lambda: call(q1, out)),
+                max_abs_diff_vs_sdpa=(got - want).abs().max().item(),
+                max_abs_sdpa=want.abs().max().item())
 
 
 def check(view, hq, hkv, dim, b, ctx, loops, kernels) -> list[dict]:
@@ -230,6 +265,9 @@ def main() -> None:
         ap.add_argument("--deadline", type=float, default=420.0)
         ap.add_argument("--pdl-ab", action="store_true",
                         help="also time the tc kernel launched without PDL (tc_nopdl)")
+        ap.add_argument("--flashinfer", default=os.path.join(
+            os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".gpu-bundle"),
+                        help="FlashInfer's decode modules (benchmarks/flashinfer_bundle.py)")
 
     a = bench_args(extra)
     cfg, loops = RQConfig(), 4
@@ -245,6 +283,13 @@ def main() -> None:
                triton=triton.__version__, date=time.strftime("%Y-%m-%d"),
                copy_tbs=copy_bandwidth(), checks={}, points=[], mixed=[], placement=[],
                skipped=[])
+    fi = None
+    if DEV == "cuda":
+        try:
+            fi = FlashInferDecode(a.flashinfer)
+            res["flashinfer"] = dict(version=fi.version, bundle=fi.manifest)
+        except (FileNotFoundError, ImportError, OSError) as exc:
+            res["flashinfer"] = dict(absent=f"{type(exc).__name__}: {exc}")
     for fam, (hq, hkv, dim, points) in fams.items():
         copies = chain_points(cfg, hkv, dim, loops, points)
         # the rows placements spread over: the pool's size before the chained copies
@@ -268,6 +313,9 @@ def main() -> None:
             ks = torch.randn(b, hkv, ctx + 1, dim, device=DEV, dtype=torch.bfloat16)
             row = dict(family=fam, batch=b, ctx=ctx, sdpa_ms=sdpa_time(qs, ks, ks)[0],
                        read=time_reads(read_buf, cfg, hkv, dim, b * ctx, loops))
+            fi_here = fi if fi is not None and str(dim) in fi.manifest["modules"] else None
+            if fi_here is not None:
+                row["flashinfer"] = time_flashinfer(fi_here, qs, ks)
             del ks  # before the chained copies
             row["read"]["tbs"] = by / row["read"]["avg_ms"] / 1e9
             arms = [(k, DecodeLaunch(split_kernel=k)) for k in kernels]
@@ -278,9 +326,11 @@ def main() -> None:
                 row[name] = dict(resid_ms=t[0], anchor_ms=t[loops - 1], avg_ms=avg,
                                  tbs=by / avg / 1e9, vs_sdpa=row["sdpa_ms"] / avg,
                                  vs_read=row["read"]["avg_ms"] / avg)
+                if "flashinfer" in row:
+                    row[name]["vs_flashinfer"] = row["flashinfer"]["ms"] / avg
             try:
                 ch = time_chained(arms[0][1], view, q, kc, vc, ind, idx, dim, loops,
-                                  copies[b, ctx], cfg, row["read"]["arm"])
+                                  copies[b, ctx], cfg, row["read"]["arm"], fi_here)
             except Exception as exc:  # keep the point's flushed figures and go on
                 ch = dict(error=f"{type(exc).__name__}: {exc}")
                 if DEV == "cuda":
@@ -291,18 +341,25 @@ def main() -> None:
                 ch["rq"].update(tbs=by / ch["rq"]["avg_ms"] / 1e9,
                                 vs_sdpa=ch["sdpa_ms"] / ch["rq"]["avg_ms"],
                                 vs_read=ch["read"]["avg_ms"] / ch["rq"]["avg_ms"])
+                if ch["flashinfer_ms"] is not None:
+                    ch["rq"]["vs_flashinfer"] = ch["flashinfer_ms"] / ch["rq"]["avg_ms"]
             row["chain"] = ch
             res["points"].append(row)
             print(f"{fam:12s} ctx={ctx:6d} b={b:3d} sdpa {row['sdpa_ms'] * 1e3:7.1f}us | read "
                   f"{row['read']['avg_ms'] * 1e3:7.1f}us {row['read']['tbs']:.2f}TB/s | " +
                   " | ".join(f"{k} {row[k]['avg_ms'] * 1e3:7.1f}us {row[k]['tbs']:.2f}TB/s "
                              f"x{row[k]['vs_sdpa']:.2f} ({row[k]['vs_read']:.2f} of read)"
-                             for k, _ in arms), flush=True)
+                             for k, _ in arms) + ("" if "flashinfer" not in row else
+                  f" | flashinfer {row['flashinfer']['ms'] * 1e3:7.1f}us x"
+                  f"{row[arms[0][0]]['vs_flashinfer']:.2f}"), flush=True)
             print(f"{'':12s} chained: {ch['error']}" if "error" in ch else
                   f"{'':12s} chained ({ch['copies']} copies): sdpa {ch['sdpa_ms'] * 1e3:7.1f}us | "
                   f"read {ch['read']['avg_ms'] * 1e3:7.1f}us {ch['read']['tbs']:.2f}TB/s | "
                   f"{ch['kernel']} {ch['rq']['avg_ms'] * 1e3:7.1f}us {ch['rq']['tbs']:.2f}TB/s "
-                  f"x{ch['rq']['vs_sdpa']:.2f} ({ch['rq']['vs_read']:.2f} of read)", flush=True)
+                  f"x{ch['rq']['vs_sdpa']:.2f} ({ch['rq']['vs_read']:.2f} of read)" +
+                  ("" if ch["flashinfer_ms"] is None else
+                   f" | flashinfer {ch['flashinfer_ms'] * 1e3:7.1f}us x"
+                   f"{ch['rq']['vs_flashinfer']:.2f}"), flush=True)
             write_json(res, a.out, "bench_decode.json")
         for name, lens in mixed.items():
             if time.time() - T0 > a.deadline:

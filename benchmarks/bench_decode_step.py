@@ -8,6 +8,9 @@ omitted, it costs the same on both sides): 96 attention calls per step.
 
 * BF16: per (loop, layer) a contiguous ``[B, 16, C + 1, 128]`` K/V cache, the new token written
   in place, PyTorch SDPA (FlashAttention) decode.
+* FlashInfer (where `benchmarks/flashinfer_bundle.py` built its modules, ``--flashinfer DIR``,
+  default ``.gpu-bundle``): the BF16 arm with SGLang's page-size-1 layout and FlashInfer's
+  decode instead of SDPA (`FlashInferCache`), at the BF16 arm's batches; ``ratio_vs_flashinfer_*``.
 * RQ: per layer one compressed view of all 4 loops (the pool's layout, 6,336 B per token and
   layer, the layers' views slices of shared buffers as in the pool); every loop attends with
   `decode_attention` over the compressed history plus the in-flight token; after loop 3's last
@@ -47,6 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import (  # noqa: E402
     graph_ms, loop_bytes_per_token, read_arms, read_roofline, realistic_pool,
 )
+from benchmarks.flashinfer_decode import FlashInferDecode  # noqa: E402
 from rq_kernels import commit_layers, decode_attention, prepare_layers, stage_kv  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
 from sglang_rq.layout import ModelKVShape, bf16_bytes_per_token, kv_bytes_per_token  # noqa: E402
@@ -123,6 +127,27 @@ class BF16Cache:
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION] if DEV == "cuda" else [SDPBackend.MATH]):
             o = F.scaled_dot_product_attention(q[:, :, None], self.k[i], self.v[i])
         return o[:, :, 0]
+
+
+class FlashInferCache:
+    """BF16 K/V per (loop, layer) in SGLang's layout at page size 1, ``[B (C + 1), 1, H, D]``
+    (request i's tokens consecutive), the new token written at each request's position C as in
+    `BF16Cache`, FlashInfer's decode (`benchmarks.flashinfer_decode`, one plan for every call)."""
+
+    def __init__(self, s: Shape, b: int, ctx: int, fi) -> None:
+        n = s.loops * s.layers
+        self.k = torch.randn(n, b * (ctx + 1), 1, s.heads, s.dim, device=DEV, dtype=torch.bfloat16)
+        self.v = torch.randn_like(self.k)
+        self.calls = [fi.call(self.k[i], self.v[i], [ctx + 1] * b, s.heads,
+                              sm_scale=s.dim ** -0.5) for i in range(n)]
+        self.s, self.b, self.ctx = s, b, ctx
+
+    def __call__(self, u, li, q, k, v):
+        i = u * self.s.layers + li
+        shape = (self.b, self.ctx + 1, self.s.heads, self.s.dim)
+        self.k[i].view(shape)[:, self.ctx].copy_(k)
+        self.v[i].view(shape)[:, self.ctx].copy_(v)
+        return self.calls[i](q.contiguous())
 
 
 class RQCache:
@@ -202,6 +227,10 @@ def main() -> None:
     ap.add_argument("--deadline", type=float, default=500.0)
     ap.add_argument("--margin-gb", type=float, default=8.0, help="GiB kept free on the full card")
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--flashinfer", default=os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".gpu-bundle"),
+        help="FlashInfer's decode modules (benchmarks/flashinfer_bundle.py); a BF16 arm with "
+             "FlashInfer's decode instead of SDPA where present")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     s = Shape(a.dry_run)
@@ -215,6 +244,14 @@ def main() -> None:
                runs=[], skipped=[])
     path = os.path.join(a.out, "bench_decode_step.json")
 
+    fi = None
+    if DEV == "cuda":
+        try:
+            fi = FlashInferDecode(a.flashinfer)
+            res["flashinfer"] = dict(version=fi.version, bundle=fi.manifest)
+        except (FileNotFoundError, ImportError, OSError) as exc:
+            res["flashinfer"] = dict(absent=f"{type(exc).__name__}: {exc}")
+
     def run(kind, b, ctx, label):
         if time.time() - T0 > a.deadline:
             res["skipped"].append(f"{kind} b={b} ctx={ctx} {label}")
@@ -223,6 +260,7 @@ def main() -> None:
             gc.collect()  # a previous point's buffers, should anything still hold them
             torch.cuda.empty_cache()
         cache = (BF16Cache(s, b, ctx) if kind == "bf16" else
+                 FlashInferCache(s, b, ctx, fi) if kind == "flashinfer" else
                  NoAttention() if kind == "none" else
                  ReadOnly(s, b, ctx, cfg) if kind == "read" else RQCache(s, b, ctx, cfg))
         arm = getattr(cache, "arm", None)
@@ -230,19 +268,20 @@ def main() -> None:
             ms = time_step(s, W, cache, b)
         finally:
             del cache
-        per = dict(bf16=bf16_tok, rq=rq_tok, read=rq_tok, none=0)[kind]
+        per = dict(bf16=bf16_tok, flashinfer=bf16_tok, rq=rq_tok, read=rq_tok, none=0)[kind]
         rec = dict(kind=kind, batch=b, ctx=ctx, label=label, step_ms=ms, tokens_per_s=b / ms * 1e3,
                    kv_gib=per * b * (ctx + 1) / GiB, **({"read_arm": arm} if arm else {}))
         res["runs"].append(rec)
-        print(f"{label:10s} {kind:4s} ctx={ctx:6d} b={b:3d}: step {ms:8.2f} ms, "
+        print(f"{label:10s} {kind:10s} ctx={ctx:6d} b={b:3d}: step {ms:8.2f} ms, "
               f"{rec['tokens_per_s']:9.1f} tok/s, KV {rec['kv_gib']:.1f} GiB", flush=True)
         with open(path, "w") as f:
             json.dump(res, f, indent=1)
         return rec
 
     ctxs = [40] if a.dry_run else [4096, 16384]
+    bf16_kinds = ("bf16", "flashinfer") if fi is not None else ("bf16",)
     for ctx in ctxs:  # fixed batch 2
-        for kind in ("bf16", "rq", "read"):
+        for kind in (*bf16_kinds, "rq", "read"):
             run(kind, 2, ctx, "fixed")
     ctx = ctxs[-1]
     budgets = {"32GiB": 32 * GiB}
@@ -253,7 +292,7 @@ def main() -> None:
     else:
         budgets = {"32GiB": 2 * (1 << 20), "card": 4 * (1 << 20)}
     for label, budget in budgets.items():
-        for kind, per in (("bf16", bf16_tok), ("rq", rq_tok)):
+        for kind, per in [(k, bf16_tok) for k in bf16_kinds] + [("rq", rq_tok)]:
             b = max_batch(per, ctx, budget)
             res[f"max_batch_{label}_{kind}"] = b
             if b >= 1:
@@ -273,10 +312,16 @@ def main() -> None:
             rd = rows.get(("read", *key))
             if rd:  # the ratio an RQ attention at the memory roofline would reach
                 res[f"ratio_read_{key[0]}_{key[1]}"] = rd["tokens_per_s"] / bf["tokens_per_s"]
+            fb = rows.get(("flashinfer", *key))
+            if fb:
+                res[f"ratio_vs_flashinfer_{key[0]}_{key[1]}"] = rq["tokens_per_s"] / fb["tokens_per_s"]
             print(f"{key[0]:6s} ctx={key[1]}: RQ/BF16 tokens/s = {ratio:.2f}x "
                   f"(batch {rq['batch']} vs {bf['batch']})" + (
                       f"; attention as a pure read of RQ's bytes: "
-                      f"{res[f'ratio_read_{key[0]}_{key[1]}']:.2f}x" if rd else ""), flush=True)
+                      f"{res[f'ratio_read_{key[0]}_{key[1]}']:.2f}x" if rd else "") + (
+                      f"; RQ/BF16 with FlashInfer's decode: "
+                      f"{res[f'ratio_vs_flashinfer_{key[0]}_{key[1]}']:.2f}x" if fb else ""),
+                  flush=True)
             nb, nr = none.get(bf["batch"]), none.get(rq["batch"])
             if nb and nr:  # the ceiling: RQ's attention taking no time at all
                 part = dict(non_attention_ms_bf16_batch=nb["step_ms"],

@@ -1,0 +1,110 @@
+"""FlashInfer's BF16 paged decode as a baseline next to PyTorch SDPA (issue 12's second yardstick).
+
+Loads the modules `benchmarks/flashinfer_bundle.py` builds (``DIR/flashinfer-decode``: FlashInfer
+0.7.4's batch decode module per head_dim, compiled for sm_90a, and the tvm-ffi wheel its
+bindings need) and calls them as ``BatchDecodeWithPagedKVCacheWrapper`` does without tensor
+cores (SGLang's FlashInfer backend for decode at up to 4 query heads per KV head): ``plan``
+once on the host, ``run`` per call. The cache is SGLang's at page size 1: ``[tokens, 1, Hkv,
+D]`` K and V (NHD), one page per token; a request's pages consecutive.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+import tempfile
+import zipfile
+
+import torch
+
+FLOAT_WORKSPACE = 128 << 20  # FlashInfer's recommended split-KV workspace
+INT_WORKSPACE = 8 << 20
+
+
+class FlashInferDecode:
+    """The bundle's modules; `call` builds one planned decode call.
+
+    Raises ``FileNotFoundError`` naming the file when the bundle or a module is missing, and
+    ``ValueError`` for a head_dim the bundle was not built for."""
+
+    def __init__(self, bundle: str | pathlib.Path) -> None:
+        self.dir = pathlib.Path(bundle)
+        if (self.dir / "flashinfer-decode").is_dir():
+            self.dir = self.dir / "flashinfer-decode"
+        manifest = self.dir / "manifest.json"
+        if not manifest.exists():
+            raise FileNotFoundError(f"{manifest}: build it with benchmarks/flashinfer_bundle.py")
+        self.manifest = json.loads(manifest.read_text())
+        try:
+            import tvm_ffi
+        except ImportError:  # the GPU machine: the bundle's wheel, unpacked once
+            site = pathlib.Path(tempfile.gettempdir()) / ("rq-" + self.manifest["tvm_ffi_wheel"])
+            if not (site / "tvm_ffi").is_dir():
+                with zipfile.ZipFile(self.dir / self.manifest["tvm_ffi_wheel"]) as z:
+                    z.extractall(site)
+            sys.path.insert(0, str(site))
+            import tvm_ffi
+        self._ffi = tvm_ffi
+        self._modules: dict[int, object] = {}
+        self._workspaces: dict[torch.device, tuple] = {}
+
+    @property
+    def version(self) -> str:
+        return self.manifest["flashinfer"]
+
+    def module(self, head_dim: int):
+        if head_dim not in self._modules:
+            name = self.manifest["modules"].get(str(head_dim))
+            if name is None:
+                raise ValueError(f"head_dim {head_dim}: the bundle holds "
+                                 f"{sorted(self.manifest['modules'])}")
+            self._modules[head_dim] = self._ffi.load_module(str(self.dir / name))
+        return self._modules[head_dim]
+
+    def _workspace(self, device: torch.device) -> tuple:
+        if device not in self._workspaces:
+            self._workspaces[device] = (
+                torch.empty(FLOAT_WORKSPACE, dtype=torch.uint8, device=device),
+                torch.empty(INT_WORKSPACE, dtype=torch.uint8, device=device),
+                torch.empty(INT_WORKSPACE, dtype=torch.uint8, pin_memory=True))
+        return self._workspaces[device]
+
+    def call(self, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lens: list[int],
+             num_qo_heads: int, *, sm_scale: float):
+        """``run(q, out=None) -> out``: one decode call over this cache (planned here, on the
+        host, as the wrapper's ``plan``; the launch is ``run``'s).
+
+        k_cache, v_cache ``[tokens, 1, Hkv, D]`` bf16 (pages of one token), request i's
+        ``kv_lens[i]`` tokens at the pages after request i - 1's; q ``[B, Hq, D]`` bf16 with
+        ``B = len(kv_lens)``, ``Hq = num_qo_heads``; out ``[B, Hq, D]`` bf16 (allocated if
+        None). ``run`` launches on torch's current stream and is CUDA-graph capturable (the plan
+        assumes graphs, as SGLang's does). The calls share the bundle's workspaces: a call holds
+        until one with other ``kv_lens`` or shapes is planned."""
+        b, d, hkv = len(kv_lens), k_cache.shape[3], k_cache.shape[2]
+        if sum(kv_lens) > k_cache.shape[0] or v_cache.shape != k_cache.shape:
+            raise ValueError(f"kv_lens hold {sum(kv_lens)} tokens; k_cache "
+                             f"{tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}")
+        mod = self.module(d)
+        dev = k_cache.device
+        fws, iws, pinned = self._workspace(dev)
+        indptr_host = torch.tensor([0, *kv_lens], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        indptr = indptr_host.to(dev)
+        indices = torch.arange(int(indptr_host[-1]), dtype=torch.int32, device=dev)
+        last_page_len = torch.ones(b, dtype=torch.int32, device=dev)
+        plan = mod.plan(fws, iws, pinned, indptr_host, b, num_qo_heads, hkv, 1, True, -1, 0.0,
+                        d, d, torch.empty(0, dtype=k_cache.dtype),
+                        torch.empty(0, dtype=k_cache.dtype))
+        torch.cuda.current_stream(dev).synchronize()  # the plan's copies landed
+        ffi = self._ffi
+
+        def run(q: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+            if tuple(q.shape) != (b, num_qo_heads, d):
+                raise ValueError(f"q {tuple(q.shape)}: the call was planned for "
+                                 f"{(b, num_qo_heads, d)}")
+            out = torch.empty_like(q) if out is None else out
+            with ffi.use_torch_stream():
+                mod.run(fws, iws, plan, q, k_cache, v_cache, indptr, indices, last_page_len,
+                        out, None, 0, -1, False, None, 0.0, sm_scale, 1.0, 1e-4)
+            return out
+        return run
