@@ -1,19 +1,22 @@
 """Build FlashInfer's BF16 paged decode kernels ahead of time, as a second baseline for the H200.
 
-``python benchmarks/flashinfer_bundle.py OUT [--gpu-python 3.12] [--head-dims 64 96 128]``
+``python benchmarks/flashinfer_bundle.py OUT [--gpu-python 3.12] [--head-dims 64 128]``
 
 The `flashinfer-python` wheel (101 MB) is more than a device call carries, and most of it (its
 package ``__init__`` imports cutlass-dsl, cudnn-frontend and nccl packages) is not needed for
 decode. This script, on a machine with PyPI and nvcc >= 12.8 (no GPU needed), downloads
 FlashInfer and `apache-tvm-ffi` (their bindings' runtime), has FlashInfer's own JIT
 (`flashinfer.jit.attention.modules.gen_batch_decode_module`) generate and compile its batch
-decode module (the CUDA-core kernel SGLang's FlashInfer backend runs for decode at up to 4
-query heads per KV head: ``BatchDecodeWithPagedKVCacheWrapper`` without tensor cores) for
+decode module (the CUDA-core kernel SGLang 0.5.23's FlashInfer backend runs for BF16 decode at fewer
+than 4 query heads per KV head, `should_use_tensor_core`: ``BatchDecodeWithPagedKVCacheWrapper``
+without tensor cores) for
 sm_90a, BF16 query, cache and output, int32 indices, no RoPE, no sliding window, no soft cap, one
-module per head_dim, and writes ``OUT/flashinfer-decode/``: the modules
+module per head_dim (64 and 128: at 96 the module builds but its split-KV merge refuses
+the head_dim at run time), and writes ``OUT/flashinfer-decode/``: the modules
 (``bf16_d{64,128}.so``), the tvm-ffi wheel of the GPU machine's Python and ``manifest.json``
-(versions, flags). About 6 MB: `benchmarks/gpu_session.sh` carries it as ``.gpu-bundle/
-flashinfer-decode``; `benchmarks.flashinfer_decode` loads it.
+(versions, flags). About 4 MB: a device call carries it (``.gpu-bundle/flashinfer-decode``
+in the call's carry), `benchmarks.flashinfer_decode` loads it and `bench_decode.py` and
+`bench_decode_step.py` time it where present.
 
 The package is imported under an empty ``__init__`` (only `flashinfer.jit` is needed), and the
 modules link against a stub ``libcuda.so`` where the build machine has no driver (nothing in
@@ -61,7 +64,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=pathlib.Path)
     ap.add_argument("--gpu-python", default="3.12", help="the GPU machine's Python (tvm-ffi wheel)")
-    ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128],
+                    help="96 builds, but its split-KV merge refuses head_dim 96 at run time")
     a = ap.parse_args()
     nvcc = shutil.which("nvcc")
     if nvcc is None:

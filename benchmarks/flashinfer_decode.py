@@ -3,7 +3,8 @@
 Loads the modules `benchmarks/flashinfer_bundle.py` builds (``DIR/flashinfer-decode``: FlashInfer
 0.7.4's batch decode module per head_dim, compiled for sm_90a, and the tvm-ffi wheel its
 bindings need) and calls them as ``BatchDecodeWithPagedKVCacheWrapper`` does without tensor
-cores (SGLang's FlashInfer backend for decode at up to 4 query heads per KV head): ``plan``
+cores (SGLang 0.5.23's FlashInfer backend for BF16 decode at fewer than 4 query heads per KV
+head, `should_use_tensor_core`): ``plan``
 once on the host, ``run`` per call. The cache is SGLang's at page size 1: ``[tokens, 1, Hkv,
 D]`` K and V (NHD), one page per token; a request's pages consecutive.
 """
