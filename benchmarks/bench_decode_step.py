@@ -147,7 +147,7 @@ class FlashInferCache:
         shape = (self.b, self.ctx + 1, self.s.heads, self.s.dim)
         self.k[i].view(shape)[:, self.ctx].copy_(k)
         self.v[i].view(shape)[:, self.ctx].copy_(v)
-        return self.calls[i](q.contiguous())
+        return self.calls[i](q)  # q strided (a view of the QKV projection), as SDPA gets it
 
 
 class RQCache:

@@ -78,8 +78,8 @@ class FlashInferDecode:
 
         k_cache, v_cache ``[tokens, 1, Hkv, D]`` bf16 (pages of one token), request i's
         ``kv_lens[i]`` tokens at the pages after request i - 1's; q ``[B, Hq, D]`` bf16 with
-        ``B = len(kv_lens)``, ``Hq = num_qo_heads``; out ``[B, Hq, D]`` bf16 (allocated if
-        None). ``run`` launches on torch's current stream and is CUDA-graph capturable (the plan
+        ``B = len(kv_lens)``, ``Hq = num_qo_heads``, any request and head strides; out ``[B,
+        Hq, D]`` bf16 (allocated if None). ``run`` launches on torch's current stream and is CUDA-graph capturable (the plan
         assumes graphs, as SGLang's does). The calls share the bundle's workspaces: a call holds
         until one with other ``kv_lens`` or shapes is planned."""
         b, d, hkv = len(kv_lens), k_cache.shape[3], k_cache.shape[2]
