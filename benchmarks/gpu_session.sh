@@ -15,6 +15,9 @@
 # e.g. --mixed-only for bench-extend), BASE_REV (the tc-ab step's base: a git revision, or a saved
 # .cu file where the checkout travels without .git; default main; the working tree's tc kernel
 # against it, `benchmarks/bench_tc_ab.py`).
+# FlashInfer's BF16 decode (`benchmarks/flashinfer_bundle.py .gpu-bundle`, carried as
+# .gpu-bundle/flashinfer-decode) is timed beside SDPA by bench-decode and bench_decode_step.py
+# when present.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rq-out}; SITE=${SITE:-/tmp/rq-site}; mkdir -p "$OUT"
