@@ -18,9 +18,11 @@ the head_dim at run time), and writes ``OUT/flashinfer-decode/``: the modules
 in the call's carry), `benchmarks.flashinfer_decode` loads it and `bench_decode.py` and
 `bench_decode_step.py` time it where present.
 
-The package is imported under an empty ``__init__`` (only `flashinfer.jit` is needed), and the
-modules link against a stub ``libcuda.so`` where the build machine has no driver (nothing in
-them calls the driver API; on the GPU machine the real one is already loaded by torch).
+The package is imported under an empty ``__init__`` (only `flashinfer.jit` is needed).
+FlashInfer's link line asks for ``-lcuda``, which a build machine without a driver lacks: a stub
+``libcuda.so`` is put on the link path (nothing in the modules calls the driver API, so the
+linker drops it). The modules need ``libcudart.so.13``: on the GPU machine, the one a CUDA 13
+build of torch has loaded (torch is imported first).
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def main() -> None:
         (site / "flashinfer" / "__init__.py").write_text("")
         gpu_whl = pip_download(TVM_FFI, tmp / "whl-gpu", "--python-version", a.gpu_python,
                                "--platform", "manylinux_2_28_x86_64", "--only-binary=:all:")
-        # a stub driver library to link against where the build machine has none
+        # a stub driver library for FlashInfer's -lcuda (unused, dropped by the linker)
         stub = tmp / "stub"
         stub.mkdir()
         subprocess.run(["cc", "-shared", "-Wl,-soname,libcuda.so.1", "-o",

@@ -49,6 +49,7 @@ class FlashInferDecode:
         self._ffi = tvm_ffi
         self._modules: dict[int, object] = {}
         self._workspaces: dict[torch.device, tuple] = {}
+        self._planned: dict[torch.device, tuple] = {}  # the plan each device's workspace holds
 
     @property
     def version(self) -> str:
@@ -80,8 +81,10 @@ class FlashInferDecode:
         ``kv_lens[i]`` tokens at the pages after request i - 1's; q ``[B, Hq, D]`` bf16 with
         ``B = len(kv_lens)``, ``Hq = num_qo_heads``, any request and head strides; out ``[B,
         Hq, D]`` bf16 (allocated if None). ``run`` launches on torch's current stream and is CUDA-graph capturable (the plan
-        assumes graphs, as SGLang's does). The calls share the bundle's workspaces: a call holds
-        until one with other ``kv_lens`` or shapes is planned."""
+        assumes graphs, as SGLang's does) and, from compute capability 9.0, with programmatic
+        dependent launch, as the wrapper's ``run`` defaults to and SGLang leaves it. The calls
+        share the bundle's workspaces: ``run`` raises ``RuntimeError`` once a call with other
+        ``kv_lens`` or shapes has been planned since (its plan was overwritten)."""
         b, d, hkv = len(kv_lens), k_cache.shape[3], k_cache.shape[2]
         if sum(kv_lens) > k_cache.shape[0] or v_cache.shape != k_cache.shape:
             raise ValueError(f"kv_lens hold {sum(kv_lens)} tokens; k_cache "
@@ -93,19 +96,29 @@ class FlashInferDecode:
         indptr = indptr_host.to(dev)
         indices = torch.arange(int(indptr_host[-1]), dtype=torch.int32, device=dev)
         last_page_len = torch.ones(b, dtype=torch.int32, device=dev)
+        key = (tuple(kv_lens), num_qo_heads, hkv, d)
         plan = mod.plan(fws, iws, pinned, indptr_host, b, num_qo_heads, hkv, 1, True, -1, 0.0,
-                        d, d, torch.empty(0, dtype=k_cache.dtype),
+                        d, d, torch.empty(0, dtype=torch.bfloat16),
                         torch.empty(0, dtype=k_cache.dtype))
         torch.cuda.current_stream(dev).synchronize()  # the plan's copies landed
-        ffi = self._ffi
+        self._planned[dev] = key
+        pdl = torch.cuda.get_device_capability(dev)[0] >= 9  # FlashInfer's device_support_pdl
+        ffi, planned = self._ffi, self._planned
 
         def run(q: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
             if tuple(q.shape) != (b, num_qo_heads, d):
                 raise ValueError(f"q {tuple(q.shape)}: the call was planned for "
                                  f"{(b, num_qo_heads, d)}")
-            out = torch.empty_like(q) if out is None else out
+            if planned.get(dev) != key:
+                raise RuntimeError("this call's plan was overwritten by a later call's: plan "
+                                   "again (FlashInferDecode.call)")
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
+            if not out.is_contiguous():
+                raise ValueError("out must be contiguous (FlashInfer writes [B, Hq, D] densely)")
+            # NHD layout (0), no window (-1), no lse, no ALiBi slopes, no soft cap; RoPE's
+            # reciprocal scale and theta (unused without RoPE)
             with ffi.use_torch_stream():
                 mod.run(fws, iws, plan, q, k_cache, v_cache, indptr, indices, last_page_len,
-                        out, None, 0, -1, False, None, 0.0, sm_scale, 1.0, 1e-4)
+                        out, None, 0, -1, pdl, None, 0.0, sm_scale, 1.0, 1e-4)
             return out
         return run
