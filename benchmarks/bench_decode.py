@@ -56,7 +56,7 @@ from benchmarks.common import (  # noqa: E402
     DEV, FAMILIES, bench, bench_args, chain_copies, chain_ms, copy_bandwidth, loop_average,
     loop_bytes_per_token, pool, read_arms, read_roofline, sdpa_call, sdpa_time, write_json,
 )
-from benchmarks.flashinfer_decode import FlashInferDecode  # noqa: E402
+from benchmarks.flashinfer_decode import load_baseline  # noqa: E402
 from rq_kernels import decode_attention  # noqa: E402
 from rq_kernels.decode import DecodeLaunch, fma_unsupported_reason  # noqa: E402
 from rq_kernels.decode_tc import tc_unsupported_reason  # noqa: E402
@@ -284,13 +284,7 @@ def main() -> None:
                triton=triton.__version__, date=time.strftime("%Y-%m-%d"),
                copy_tbs=copy_bandwidth(), checks={}, points=[], mixed=[], placement=[],
                skipped=[])
-    fi = None
-    if DEV == "cuda":
-        try:
-            fi = FlashInferDecode(a.flashinfer)
-            res["flashinfer"] = dict(version=fi.version, bundle=fi.manifest)
-        except (FileNotFoundError, ImportError, OSError) as exc:
-            res["flashinfer"] = dict(absent=f"{type(exc).__name__}: {exc}")
+    fi, res["flashinfer"] = load_baseline(a.flashinfer)
     for fam, (hq, hkv, dim, points) in fams.items():
         copies = chain_points(cfg, hkv, dim, loops, points)
         # the rows placements spread over: the pool's size before the chained copies

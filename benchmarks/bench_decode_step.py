@@ -50,7 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import (  # noqa: E402
     graph_ms, loop_bytes_per_token, read_arms, read_roofline, realistic_pool,
 )
-from benchmarks.flashinfer_decode import FlashInferDecode  # noqa: E402
+from benchmarks.flashinfer_decode import load_baseline  # noqa: E402
 from rq_kernels import commit_layers, decode_attention, prepare_layers, stage_kv  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
 from sglang_rq.layout import ModelKVShape, bf16_bytes_per_token, kv_bytes_per_token  # noqa: E402
@@ -244,13 +244,7 @@ def main() -> None:
                runs=[], skipped=[])
     path = os.path.join(a.out, "bench_decode_step.json")
 
-    fi = None
-    if DEV == "cuda":
-        try:
-            fi = FlashInferDecode(a.flashinfer)
-            res["flashinfer"] = dict(version=fi.version, bundle=fi.manifest)
-        except (FileNotFoundError, ImportError, OSError) as exc:
-            res["flashinfer"] = dict(absent=f"{type(exc).__name__}: {exc}")
+    fi, res["flashinfer"] = load_baseline(a.flashinfer)
 
     def run(kind, b, ctx, label):
         if time.time() - T0 > a.deadline:

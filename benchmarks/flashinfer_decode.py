@@ -122,3 +122,15 @@ class FlashInferDecode:
                         out, None, 0, -1, pdl, None, 0.0, sm_scale, 1.0, 1e-4)
             return out
         return run
+
+
+def load_baseline(bundle: str | pathlib.Path) -> tuple[FlashInferDecode | None, dict]:
+    """The benchmarks' FlashInfer arm: (the bundle's decode, or None off CUDA or without a
+    loadable bundle; the results JSON's record: its version and manifest, or why it is absent)."""
+    if not torch.cuda.is_available():
+        return None, dict(absent="no CUDA device")
+    try:
+        fi = FlashInferDecode(bundle)
+    except (FileNotFoundError, ImportError, OSError) as exc:
+        return None, dict(absent=f"{type(exc).__name__}: {exc}")
+    return fi, dict(version=fi.version, bundle=fi.manifest)

@@ -37,3 +37,13 @@ def test_bundle_modules_load():
     for d in fi.manifest["modules"]:
         mod = fi.module(int(d))
         assert callable(mod.plan) and callable(mod.run)
+
+
+def test_benchmarks_record_why_the_arm_is_absent(tmp_path):
+    import torch
+
+    from benchmarks.flashinfer_decode import load_baseline
+    fi, record = load_baseline(tmp_path)
+    assert fi is None
+    want = "no CUDA device" if not torch.cuda.is_available() else "flashinfer_bundle.py"
+    assert want in record["absent"]
