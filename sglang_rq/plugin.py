@@ -319,18 +319,24 @@ def model_kv_shape(model_config):
     return ModelKVShape.from_model_config(model_config, tp_size=get_parallel().attn_tp_size)
 
 
-def staging_tokens_for(server_args) -> int:
-    """`layout.staging_tokens` of SGLang's ``ServerArgs``, unless ``SGLANG_RQ_STAGING_TOKENS``
-    (``--rq-staging-tokens``, no less than one forward: `check_staging_tokens`) overrides it."""
+def _layout_staging_tokens(server_args, *, enable_mixed_chunk: bool) -> int:
+    """`layout.staging_tokens` of SGLang's ``ServerArgs`` (its chunk, prefill and running-request
+    sizes), with or without the mixed-chunk margin."""
     from sglang_rq.layout import staging_tokens
 
-    given = env.RQ_STAGING_TOKENS.get()
-    if given:
-        return given
     return staging_tokens(chunked_prefill_size=server_args.chunked_prefill_size,
                           max_prefill_tokens=server_args.max_prefill_tokens,
                           max_running_requests=server_args.max_running_requests,
-                          enable_mixed_chunk=server_args.enable_mixed_chunk)
+                          enable_mixed_chunk=enable_mixed_chunk)
+
+
+def staging_tokens_for(server_args) -> int:
+    """`layout.staging_tokens` of SGLang's ``ServerArgs``, unless ``SGLANG_RQ_STAGING_TOKENS``
+    (``--rq-staging-tokens``, no less than one forward: `check_staging_tokens`) overrides it."""
+    given = env.RQ_STAGING_TOKENS.get()
+    if given:
+        return given
+    return _layout_staging_tokens(server_args, enable_mixed_chunk=server_args.enable_mixed_chunk)
 
 
 def kernel_request_for(server_args, model_config):
@@ -390,15 +396,12 @@ def check_staging_tokens(args) -> None:
     RQConfigError
         Naming ``--rq-staging-tokens``, the tokens needed and the flags they come from.
     """
-    from sglang_rq.layout import DEFAULT_MAX_RUNNING_REQUESTS, staging_tokens
+    from sglang_rq.layout import DEFAULT_MAX_RUNNING_REQUESTS
 
     given = env.RQ_STAGING_TOKENS.get()
     # SGLang takes a mixed batch's decode tokens out of the chunk's budget, so one forward
     # carries at most the larger of the two (the default size adds them, to be safe)
-    need = staging_tokens(chunked_prefill_size=args.chunked_prefill_size,
-                          max_prefill_tokens=args.max_prefill_tokens,
-                          max_running_requests=args.max_running_requests,
-                          enable_mixed_chunk=False)
+    need = _layout_staging_tokens(args, enable_mixed_chunk=False)
     if given and given < need:
         running = (f"--max-running-requests {args.max_running_requests}"
                    if args.max_running_requests else
