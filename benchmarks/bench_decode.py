@@ -56,7 +56,7 @@ from benchmarks.common import (  # noqa: E402
     DEV, FAMILIES, bench, bench_args, chain_copies, chain_ms, copy_bandwidth, loop_average,
     loop_bytes_per_token, pool, read_arms, read_roofline, sdpa_call, sdpa_time, write_json,
 )
-from benchmarks.flashinfer_decode import load_baseline  # noqa: E402
+from benchmarks.flashinfer_decode import DEFAULT_BUNDLE, load_baseline  # noqa: E402
 from rq_kernels import decode_attention  # noqa: E402
 from rq_kernels.decode import DecodeLaunch, fma_unsupported_reason  # noqa: E402
 from rq_kernels.decode_tc import tc_unsupported_reason  # noqa: E402
@@ -266,8 +266,7 @@ def main() -> None:
         ap.add_argument("--deadline", type=float, default=420.0)
         ap.add_argument("--pdl-ab", action="store_true",
                         help="also time the tc kernel launched without PDL (tc_nopdl)")
-        ap.add_argument("--flashinfer", default=os.path.join(
-            os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".gpu-bundle"),
+        ap.add_argument("--flashinfer", default=str(DEFAULT_BUNDLE),
                         help="FlashInfer's decode modules (benchmarks/flashinfer_bundle.py)")
 
     a = bench_args(extra)

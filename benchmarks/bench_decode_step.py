@@ -50,7 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import (  # noqa: E402
     graph_ms, loop_bytes_per_token, read_arms, read_roofline, realistic_pool,
 )
-from benchmarks.flashinfer_decode import load_baseline  # noqa: E402
+from benchmarks.flashinfer_decode import DEFAULT_BUNDLE, load_baseline  # noqa: E402
 from rq_kernels import commit_layers, decode_attention, prepare_layers, stage_kv  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
 from sglang_rq.layout import ModelKVShape, bf16_bytes_per_token, kv_bytes_per_token  # noqa: E402
@@ -227,10 +227,9 @@ def main() -> None:
     ap.add_argument("--deadline", type=float, default=500.0)
     ap.add_argument("--margin-gb", type=float, default=8.0, help="GiB kept free on the full card")
     ap.add_argument("--dry-run", action="store_true")
-    ap.add_argument("--flashinfer", default=os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".gpu-bundle"),
-        help="FlashInfer's decode modules (benchmarks/flashinfer_bundle.py); a BF16 arm with "
-             "FlashInfer's decode instead of SDPA where present")
+    ap.add_argument("--flashinfer", default=str(DEFAULT_BUNDLE),
+                    help="FlashInfer's decode modules (benchmarks/flashinfer_bundle.py); a BF16 "
+                         "arm with FlashInfer's decode instead of SDPA where present")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     s = Shape(a.dry_run)

@@ -19,6 +19,7 @@ import zipfile
 
 import torch
 
+DEFAULT_BUNDLE = pathlib.Path(__file__).resolve().parent.parent / ".gpu-bundle"  # --flashinfer
 FLOAT_WORKSPACE = 128 << 20  # FlashInfer's recommended split-KV workspace
 INT_WORKSPACE = 8 << 20
 
@@ -61,7 +62,11 @@ class FlashInferDecode:
             if name is None:
                 raise ValueError(f"head_dim {head_dim}: the bundle holds "
                                  f"{sorted(self.manifest['modules'])}")
-            self._modules[head_dim] = self._ffi.load_module(str(self.dir / name))
+            path = self.dir / name
+            if not path.exists():
+                raise FileNotFoundError(f"{path}: listed in the manifest but missing; rebuild the "
+                                        "bundle with benchmarks/flashinfer_bundle.py")
+            self._modules[head_dim] = self._ffi.load_module(str(path))
         return self._modules[head_dim]
 
     def _workspace(self, device: torch.device) -> tuple:

@@ -9,9 +9,8 @@ import os
 
 import pytest
 
+from benchmarks.flashinfer_decode import DEFAULT_BUNDLE as BUNDLE
 from benchmarks.flashinfer_decode import FlashInferDecode
-
-BUNDLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".gpu-bundle")
 
 
 def test_missing_bundle_names_the_builder(tmp_path):
@@ -27,6 +26,8 @@ def test_head_dim_outside_the_bundle_is_refused(tmp_path):
     fi = FlashInferDecode(tmp_path)
     with pytest.raises(ValueError, match=r"head_dim 64: the bundle holds \['128'\]"):
         fi.module(64)
+    with pytest.raises(FileNotFoundError, match="bf16_d128.so: listed in the manifest but missing"):
+        fi.module(128)
 
 
 @pytest.mark.skipif(not os.path.exists(os.path.join(BUNDLE, "flashinfer-decode", "manifest.json")),
