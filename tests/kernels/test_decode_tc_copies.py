@@ -49,7 +49,6 @@ using std::max; using std::min;
 #define __global__
 #define __launch_bounds__(a, b)
 #define __align__(x)
-#define __CUDA_ARCH__ 900
 struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
 struct uint2 { uint32_t x, y; };
