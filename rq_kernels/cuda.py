@@ -95,11 +95,15 @@ def _compile(text: str, source: str, defines: dict[str, int], arch: str) -> byte
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     nvcc, nvcc_error = nvcc_path(), "nvcc not found"
-    if nvcc is not None:
+    if nvcc is not None:  # compiles text itself, the cache's key (not csrc/source, which may differ)
+        src = path.with_name(f"{path.stem}.{os.getpid()}.{source}")
+        src.write_text(text)
         cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "-use_fast_math", "-std=c++17",
-               *(f"-D{k}={v}" for k, v in sorted(defines.items())), "-o", str(tmp),
-               str(CSRC / source)]
-        res = subprocess.run(cmd, capture_output=True, text=True)
+               *(f"-D{k}={v}" for k, v in sorted(defines.items())), "-o", str(tmp), str(src)]
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True)
+        finally:
+            src.unlink(missing_ok=True)
         if res.returncode == 0:
             os.replace(tmp, path)  # atomic: concurrent processes compiling the same variant
             return path.read_bytes()

@@ -126,6 +126,17 @@ def test_a_failing_nvcc_falls_back_to_nvrtc_and_the_cubin_is_cached(tmp_path, mo
     assert cuda._compile(TEXT, SOURCE, VARIANTS[0], "sm_90") == cubin  # noqa: SLF001
 
 
+@pytest.mark.skipif(cuda.nvcc_path() is None and cuda.nvrtc_path() is None,
+                    reason="neither nvcc nor libnvrtc installed")
+def test_the_cubin_is_the_texts_not_the_file_of_that_name(tmp_path, monkeypatch):
+    """The cache is keyed by the text, so the compiler must build that text: a text that differs
+    from csrc/SOURCE (here by an #error) fails, where compiling the file would have succeeded."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with pytest.raises(RuntimeError, match="text_not_file"):
+        cuda._compile("#error text_not_file\n" + TEXT, SOURCE, VARIANTS[0], "sm_90")  # noqa: SLF001
+    assert not list((tmp_path / "cache" / "rq_kernels").glob("*.cu"))  # its copy removed
+
+
 def test_no_working_compiler_is_an_error_naming_both(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))  # no bin/nvcc here
     monkeypatch.setenv("PATH", str(tmp_path))
