@@ -93,10 +93,11 @@ def _compile(text: str, source: str, defines: dict[str, int], arch: str) -> byte
     if path.is_file():
         return path.read_bytes()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    own = f"{os.getpid()}.{threading.get_ident()}"  # this thread's files: concurrent builds
+    tmp = path.with_suffix(f".{own}.tmp")
     nvcc, nvcc_error = nvcc_path(), "nvcc not found"
     if nvcc is not None:  # compiles text itself, the cache's key (not csrc/source, which may differ)
-        src = path.with_name(f"{path.stem}.{os.getpid()}.{source}")
+        src = path.with_name(f"{path.stem}.{own}.{source}")
         src.write_text(text)
         cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "-use_fast_math", "-std=c++17",
                *(f"-D{k}={v}" for k, v in sorted(defines.items())), "-o", str(tmp), str(src)]
