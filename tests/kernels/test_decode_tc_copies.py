@@ -27,7 +27,7 @@ import pytest
 
 from rq_kernels import cuda
 from rq_kernels.decode_tc import (
-    SOURCE, TILE, WARPS, coop_small_bytes, integer_k, stage_bytes, width,
+    OCCUPANCY, SOURCE, TILE, WARPS, coop_small_bytes, integer_k, stage_bytes, width,
 )
 
 CXX = shutil.which("c++") or shutil.which("g++")
@@ -224,20 +224,21 @@ FORMATS = [  # (head_dim, group size, query heads per KV head, anchor bits, resi
 ]
 
 
-@pytest.mark.parametrize("shape", ["one_tile", "two_tiles"])
+@pytest.mark.parametrize("shape", [0, 1], ids=["one_tile", "two_tiles"])  # OCCUPANCY's order
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: "d{}g{}q{}a{}r{}c{}o{}".format(*f))
 def test_tile_copies_deliver_the_stage_layout(fmt, shape, tmp_path_factory):
     hd, gs, gq, a, r, coef, coop = fmt
-    minb, stages, subt = (4, 2, 1) if shape == "one_tile" else (2, 4, 2)
+    kint = integer_k(gq, hd, gs)
+    occ = OCCUPANCY[kint][shape]  # the launcher's shapes (CTAs per SM, stages, tiles per step)
     d = dict(HEAD_DIM=hd, A_BITS=a, R_BITS=r, GS=gs, GQ=gq, HAS_COEF=coef, WARPS=WARPS,
-             KINT=int(integer_k(gq, hd, gs)), MINB=minb, STAGES=stages, SUBT=subt,
+             KINT=int(kint), MINB=occ.ctas_per_sm, STAGES=occ.stages, SUBT=occ.subtiles,
              COOP=coop)
     exe = _build(d, str(tmp_path_factory.getbasetemp()))
     heads = 4 * WARPS if coop else 4 * WARPS + 1
     pool = Pool(hd, gs, a, r, heads, bool(coop))
     # scattered rows, row 0 (past a split's end) and offsets past 2^32
     slots = [0, 7, 3_999_999, 12, 13, 2_500_000, 1, 8, 9, 700_001, 42, 43, 44, 3_000_017, 5, 6]
-    hk0, stage, smem = WARPS, stages - 1, 1024
+    hk0, stage, smem = WARPS, occ.stages - 1, 1024
     out = subprocess.run([exe, *pool.argv(), str(hk0), str(stage), str(smem),
                           *map(str, slots)], capture_output=True, text=True, check=True).stdout
     got: dict[int, int] = {}
