@@ -3,7 +3,13 @@
 ``python benchmarks/sass_report.py --triton-site DIR [--out FILE] [--cases ouro,smollm,huginn]``
 
 The CUDA tensor-core decode kernel (`rq_kernels/csrc/rq_decode_tc.cu`) is compiled last, for each
-case's shape and two loop kinds, with nvcc or NVRTC as at run time (`compile_cuda`).
+case's shape, two loop kinds and both occupancy shapes, with nvcc or NVRTC as at run time
+(`compile_cuda`).
+
+``python benchmarks/sass_report.py --cuda-only [--cuda-source A.cu B.cu ...] [--out FILE]``: only
+the CUDA kernel, no Triton site needed (``cuobjdump`` from the installed Triton's wheel); with
+several sources (e.g. revisions written out by ``git show REV:rq_kernels/csrc/rq_decode_tc.cu``)
+their loops side by side, per variant, in the order given.
 
 Step 1 (this process, Triton interpreter): run the real attention launchers
 (`decode_attention` with each split kernel, `extend_attention`; not yet the commit kernel, whose
@@ -203,17 +209,19 @@ def compile_records(records: list[dict], site: str) -> list[dict]:
     return out
 
 
-def compile_cuda(tools: str, cases: list[str]) -> list[dict]:
+def compile_cuda(tools: str, cases: list[str], source: str | None = None) -> list[dict]:
     """The CUDA tensor-core decode kernel's variants of the default format for each case's shape
     (head_dim, query heads per KV head): compiled for sm_90 as `rq_kernels.cuda` would (nvcc,
-    else NVRTC), read with ``cuobjdump`` from ``tools``. Codes per thread per loop iteration:
-    16 tokens x subtiles x head_dim x (K, V) x (anchor, residual) / 32 lanes (head_dim 96 runs
-    128 wide)."""
+    else NVRTC), read with ``cuobjdump`` from ``tools``. ``source``: a .cu file to compile
+    instead of the checkout's kernel. COOP as served where the KV heads fill whole CTAs and
+    head_dim is not 96 (`decode_tc.coop_copies`, whose alignment conditions the served pool
+    meets). Codes per thread per loop iteration: 16 tokens x subtiles x head_dim x (K, V) x
+    (anchor, residual) / 32 lanes (head_dim 96 runs 128 wide)."""
     sys.path.insert(0, ROOT)
     from rq_kernels import cuda
     from rq_kernels.decode_tc import KERNEL, OCCUPANCY, SOURCE, WARPS, integer_k
 
-    text = (cuda.CSRC / SOURCE).read_text()
+    text = open(source).read() if source else (cuda.CSRC / SOURCE).read_text()
     rows = []
     for case in cases:
         hq, hkv, dim = CASES[case]
@@ -222,12 +230,35 @@ def compile_cuda(tools: str, cases: list[str]) -> list[dict]:
                 (("decode residual", 2, 1), ("decode anchor", 0, 0)), OCCUPANCY[int_k]):
             defines = dict(HEAD_DIM=dim, A_BITS=4, R_BITS=r_bits, GS=32, GQ=hq // hkv,
                            HAS_COEF=coef, WARPS=WARPS, KINT=int(int_k), MINB=occ.ctas_per_sm,
-                           STAGES=occ.stages, SUBT=occ.subtiles)
+                           STAGES=occ.stages, SUBT=occ.subtiles,
+                           COOP=int(hkv % WARPS == 0 and dim != 96))
             cubin = cuda._compile(text, SOURCE, defines, "sm_90")  # noqa: SLF001 - same cache
             rows.append(dict(case=case, path=path, kernel=KERNEL, options=defines,
+                             source=source or f"rq_kernels/csrc/{SOURCE}",
                              compiler="nvcc" if cuda.nvcc_path() else "nvrtc",
                              codes_per_iter=16 * occ.subtiles * dim * 2 * (2 if r_bits else 1) // 32,
                              **_cubin_stats(cubin, tools, mma_loop=True)))
+    return rows
+
+
+def cuda_report(cases: list[str], sources: list[str | None], out: str) -> list[dict]:
+    """`compile_cuda` for each of ``sources`` (None: the checkout's kernel) with the installed
+    Triton's ``cuobjdump``; writes the rows to ``out`` and prints each variant's loop
+    instructions and registers per source, side by side."""
+    import triton
+
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    rows = [r for src in sources for r in compile_cuda(tools, cases, src)]
+    with open(out, "w") as fh:
+        json.dump(rows, fh, indent=1)
+    per = len(rows) // len(sources)  # variants per source, in the same order
+    print("loop instructions / registers per source:",
+          " | ".join(rows[k * per]["source"] for k in range(len(sources))))
+    for i in range(per):
+        r, o = rows[i], rows[i]["options"]
+        cells = " | ".join(f"{rows[k * per + i]['loop_total']:5d} / {rows[k * per + i]['registers']:3d}"
+                           for k in range(len(sources)))
+        print(f"{r['case']:7s} {r['path']:16s} MINB {o['MINB']} SUBT {o['SUBT']}: {cells}")
     return rows
 
 
@@ -236,8 +267,14 @@ def main() -> None:
     ap.add_argument("--triton-site", help="directory holding the Triton to compile with")
     ap.add_argument("--out", default="sass_report.json")
     ap.add_argument("--cases", default="ouro,smollm,huginn")
+    ap.add_argument("--cuda-only", action="store_true",
+                    help="only the CUDA tc kernel (no Triton site needed)")
+    ap.add_argument("--cuda-source", nargs="+", help="kernel source files to compare (--cuda-only)")
     ap.add_argument("--compile-from", help=argparse.SUPPRESS)  # child process: records JSON
     a = ap.parse_args()
+    if a.cuda_only:
+        cuda_report(a.cases.split(","), a.cuda_source or [None], a.out)
+        return
     if a.compile_from:
         with open(a.compile_from) as f:
             rows = compile_records(json.load(f), a.triton_site)

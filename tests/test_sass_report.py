@@ -33,3 +33,32 @@ def test_mma_loop_is_the_smallest_region_holding_the_mmas():
     assert st["loop_total"] == 5  # 0x0020-0x0060: LOP3, HMMA, IMMA, ISETP, BRA
     assert st["loop_ops"] == {"LOP3.LUT": 1, "HMMA.16816.F32": 1, "IMMA.16832.S8.S8": 1,
                               "ISETP.GE.AND": 1, "BRA": 1}
+
+
+def test_cuda_only_report_puts_sources_side_by_side(tmp_path):
+    """`--cuda-only` with two sources (the checkout's kernel and a copy of it): every variant of
+    the Ouro shape once per source, in the same order, the copy's loops equal to the original's
+    (the same text compiles to the same cubin), the served COOP (16 KV heads in whole CTAs) and
+    the tile loop found (it holds the 16 HMMA and 8 IMMA of the residual loop's V and K sides)."""
+    import pytest
+
+    from rq_kernels import cuda
+    from rq_kernels.decode_tc import OCCUPANCY, SOURCE
+
+    if cuda.nvcc_path() is None and cuda.nvrtc_path() is None:
+        pytest.skip("neither nvcc nor NVRTC to compile the kernel")
+    from benchmarks.sass_report import cuda_report
+
+    copy = tmp_path / "copy.cu"
+    copy.write_text((cuda.CSRC / SOURCE).read_text())
+    rows = cuda_report(["ouro"], [None, str(copy)], str(tmp_path / "r.json"))
+    per = 2 * len(OCCUPANCY[True])  # residual and anchor loops x occupancy shapes
+    assert len(rows) == 2 * per
+    for a, b in zip(rows[:per], rows[per:]):
+        assert a["options"] == b["options"] and a["options"]["COOP"] == 1
+        assert a["loop_total"] == b["loop_total"] and a["registers"] == b["registers"]
+        assert b["source"] == str(copy)
+    residual = rows[0]
+    assert residual["path"] == "decode residual" and residual["options"]["SUBT"] == 1
+    assert residual["loop_ops"].get("HMMA.16816.F32") == 16
+    assert residual["loop_ops"].get("IMMA.16832.U8.S8") == 8
