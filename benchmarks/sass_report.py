@@ -38,6 +38,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = {  # name: (num_qo_heads, num_kv_heads, head_dim)
@@ -213,15 +214,15 @@ def compile_cuda(tools: str, cases: list[str], source: str | None = None) -> lis
     """The CUDA tensor-core decode kernel's variants of the default format for each case's shape
     (head_dim, query heads per KV head): compiled for sm_90 as `rq_kernels.cuda` would (nvcc,
     else NVRTC), read with ``cuobjdump`` from ``tools``. ``source``: a .cu file to compile
-    instead of the checkout's kernel. COOP as served where the KV heads fill whole CTAs and
-    head_dim is not 96 (`decode_tc.coop_copies`, whose alignment conditions the served pool
-    meets). Codes per thread per loop iteration: 16 tokens x subtiles x head_dim x (K, V) x
-    (anchor, residual) / 32 lanes (head_dim 96 runs 128 wide)."""
+    instead of the checkout's kernel. COOP as served (`decode_tc.coop_shape`; the pool's
+    alignment conditions, which the served pool meets, aside). Codes per thread per loop
+    iteration: 16 tokens x subtiles x head_dim x (K, V) x (anchor, residual) / 32 lanes
+    (head_dim 96 runs 128 wide)."""
     sys.path.insert(0, ROOT)
     from rq_kernels import cuda
-    from rq_kernels.decode_tc import KERNEL, OCCUPANCY, SOURCE, WARPS, integer_k
+    from rq_kernels.decode_tc import KERNEL, OCCUPANCY, SOURCE, WARPS, coop_shape, integer_k
 
-    text = open(source).read() if source else (cuda.CSRC / SOURCE).read_text()
+    text = Path(source).read_text() if source else (cuda.CSRC / SOURCE).read_text()
     rows = []
     for case in cases:
         hq, hkv, dim = CASES[case]
@@ -231,7 +232,7 @@ def compile_cuda(tools: str, cases: list[str], source: str | None = None) -> lis
             defines = dict(HEAD_DIM=dim, A_BITS=4, R_BITS=r_bits, GS=32, GQ=hq // hkv,
                            HAS_COEF=coef, WARPS=WARPS, KINT=int(int_k), MINB=occ.ctas_per_sm,
                            STAGES=occ.stages, SUBT=occ.subtiles,
-                           COOP=int(hkv % WARPS == 0 and dim != 96))
+                           COOP=int(coop_shape(hkv, dim, 32)))
             cubin = cuda._compile(text, SOURCE, defines, "sm_90")  # noqa: SLF001 - same cache
             rows.append(dict(case=case, path=path, kernel=KERNEL, options=defines,
                              source=source or f"rq_kernels/csrc/{SOURCE}",

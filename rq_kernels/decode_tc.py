@@ -173,11 +173,19 @@ def coop_copies(view: CompressedLayerView, loop_id: int) -> bool:
     return view.launch_cache[key]
 
 
+def coop_shape(num_kv_heads: int, head_dim: int, group_size: int) -> bool:
+    """The shape's part of `coop_copies`: the KV heads fill whole CTAs of `WARPS`, head_dim is not
+    96, and a CTA's (scale, offset) bytes per token are whole 16-byte chunks. The pool's strides
+    and alignment decide the rest (`coop_copies`)."""
+    sb = 2 * (width(head_dim) // group_size)  # (scale, offset) bytes per (token, head)
+    return head_dim != 96 and num_kv_heads % WARPS == 0 and WARPS * sb % 16 == 0
+
+
 def _coop_copies(view: CompressedLayerView, loop_id: int) -> bool:
     _, aso, _, rso, cf, _, _ = _loop_tensors(view, loop_id)
     hd = view.head_dim
     sb = 2 * (width(hd) // view.cfg.group_size)  # (scale, offset) bytes per (token, head)
-    if hd == 96 or aso.shape[2] % WARPS or WARPS * sb % 16:
+    if not coop_shape(aso.shape[2], hd, view.cfg.group_size):
         return False
     for t in (aso, rso):
         if t is not None and (t.stride(2) * t.element_size() != sb or t.data_ptr() % 16
