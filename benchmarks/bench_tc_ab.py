@@ -2,8 +2,8 @@
 tree's `csrc/rq_decode_tc.cu` ("new") against the same file at a git revision, or a saved copy of it
 (a .cu path, where the checkout has no git directory) ("base").
 
-``python benchmarks/bench_tc_ab.py --base REV --out DIR [--reps N] [--no-step] [--deadline S]
-[--dry-run]``
+``python benchmarks/bench_tc_ab.py --base REV --out DIR [--reps N] [--no-step] [--l2-rows N]
+[--deadline S] [--dry-run]``
 
 First each arm is checked against the fp32 twin at a small batch of every family
 (`bench_decode.check`: flash-attn rule, bf16 SDPA yardstick); an arm that fails is reported and
@@ -15,6 +15,13 @@ unless ``--no-step``, `bench_decode_step`'s Ouro-1.4B-shaped step at batch 2 and
 32 GiB KV budget holds (16k context), both arms, same alternation. Writes
 ``DIR/bench_tc_ab.json`` after every point; stops starting new points after ``--deadline``
 seconds.
+
+``--l2-rows N``: each family's pool has only N rows, so every request's history wraps onto the
+same rows (`bench_decode.batch_inputs`) and, after the first touch, the reads hit the L2 (4,096
+rows: 15 MB for Ouro's residual loop, 17 MB for Huginn's, of the H100's and H200's 50 MB). The
+grid, split plan and instructions are the served ones; only the memory is fast, so the ratio is
+the loop's issue- and latency-bound speed-up, an upper bound on what an instruction cut gives
+where HBM is faster (an H200 against an H100). The step is skipped.
 
 The kernel is loaded by file name (`rq_kernels.decode_tc.SOURCE`), so the base revision's source
 is written next to it as ``_ab_base.cu`` and removed at exit. Both arms run with the working
@@ -82,6 +89,7 @@ def main() -> None:
     ap.add_argument("--out", default=".")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--no-step", action="store_true")
+    ap.add_argument("--l2-rows", type=int, help="pool rows per family (L2-resident reads)")
     ap.add_argument("--deadline", type=float, default=480.0)
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args()
@@ -90,7 +98,7 @@ def main() -> None:
     res = dict(base=write_base(a.base), date=time.strftime("%Y-%m-%d"),
                gpu=torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu (dry run)",
                plan={f: [list(p) for p in ps] for f, ps in POINTS.items()},
-               checks=[], rows=[], step=[], skipped=[])
+               l2_rows=a.l2_rows, checks=[], rows=[], step=[], skipped=[])
     if a.dry_run or DEV != "cuda":
         write_json(res, a.out, "bench_tc_ab.json")
         return
@@ -109,7 +117,7 @@ def main() -> None:
 
     def family(fam, pts):
         hq, hkv, dim = FAMILIES[fam]
-        view = pool(cfg, hkv, dim, max(b * c for b, c in pts) + 2, LOOPS)
+        view = pool(cfg, hkv, dim, a.l2_rows or max(b * c for b, c in pts) + 2, LOOPS)
         for arm, rows in each_arm(0, lambda arm: check(view, hq, hkv, dim, 2, 1024, LOOPS,
                                                        ["tc"])).items():
             res["checks"] += [dict(r, arm=arm, family=fam) for r in rows]
@@ -131,7 +139,7 @@ def main() -> None:
     for fam, pts in POINTS.items():
         family(fam, pts)
         torch.cuda.empty_cache()
-    if not a.no_step:
+    if not (a.no_step or a.l2_rows):
         s = step.Shape(False)
         weights = step.make_weights(s)
         b32 = step.max_batch(kv_bytes_per_token(s.kv, cfg), 16384, 32 << 30)

@@ -13,19 +13,19 @@ BASE = ROOT / "rq_kernels" / "csrc" / "_ab_base.cu"
 SAVED_SHA = "2b9b5d68650054a708383ee0df86c24e1f6f8f652d733291dc5d62ab52469f0c"
 
 
-def _run(tmp_path, rev):
+def _run(tmp_path, rev, *extra):
     return subprocess.run([sys.executable, "benchmarks/bench_tc_ab.py", "--base", rev, "--out",
-                           str(tmp_path), "--dry-run"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+                           str(tmp_path), "--dry-run", *extra], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
 
 
 def test_dry_run_records_the_base_revision_and_cleans_up(tmp_path):
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                           text=True, check=True).stdout.strip()
-    r = _run(tmp_path, "HEAD")
+    r = _run(tmp_path, "HEAD", "--l2-rows", "4096")
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads((tmp_path / "bench_tc_ab.json").read_text())
-    assert res["base"] == head
+    assert res["base"] == head and res["l2_rows"] == 4096
     assert res["plan"]["ouro-1.4b"][0] == [1, 8192] and set(res["plan"]) == {
         "ouro-1.4b", "huginn-d96", "smollm2-gqa"}
     assert not BASE.exists()
