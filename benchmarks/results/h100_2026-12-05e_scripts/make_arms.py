@@ -1,7 +1,8 @@
 # ruff: noqa  (session 35 scratch generator: kernel-source arms for the device A/B)
 """Write arms/*.cu from scratch/main.cu and scratch/both.cu (issue_cut.diff applied):
 main, both, both_keep (the (scale, offset) rows and coefficients copied with an L2 evict_last
-policy), both_nohint (no .L2::128B prefetch on any copy), main_keep."""
+policy), both_nohint (no .L2::128B prefetch on any copy), main_keep, both_first (the codes copied with an
+L2 evict_first policy)."""
 import re, sys
 from pathlib import Path
 OUT = Path(__file__).parent / "arms"
@@ -38,3 +39,9 @@ mk = sub_region(mk, "#if HAS_COEF\n  {  // the aligned word holding", "  if (hal
 mk = sub_region(mk, "__device__ __forceinline__ void issue_small(", "// Where a stage's (scale, offset)", "cp_async_n<", "cp_async_keep<")
 print("main_keep keep calls", mk.count("cp_async_keep<"))
 (OUT / "main_keep.cu").write_text(mk)
+FIRST = KEEP.replace("cp_async_keep", "cp_async_first").replace("evict_last", "evict_first").replace(
+    "for the small copies (shared by the CTAs of one split)", "for the codes (streamed)").replace("L2 evict_last", "L2 evict_first")
+bf = both.replace("__device__ __forceinline__ void cp_commit()", FIRST + "__device__ __forceinline__ void cp_commit()", 1)
+bf = sub_region(bf, "template <int BITS, int PITCH> __device__ __forceinline__ void issue_codes(", "// Gather the tile", "cp_async_n<", "cp_async_first<")
+assert bf.count("cp_async_first<") == 4, bf.count("cp_async_first<")
+(OUT / "both_first.cu").write_text(bf)

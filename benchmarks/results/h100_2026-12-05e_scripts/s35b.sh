@@ -2,7 +2,7 @@
 # Session 35, second device call (checkout of main, no carry): why issue_cut.diff loses at Huginn
 # 64 x 8k on the H100 (Nsight, first call: 16-19 % more DRAM bytes than main). Arms (make_arms.py):
 # main, both (the diff), both_keep (small copies with an L2 evict_last policy), both_nohint (no
-# .L2::128B prefetch), main_keep. ncu's DRAM bytes per arm at Huginn 64 x 8k, then abn.py's flushed
+# .L2::128B prefetch), both_first (codes with evict_first). ncu's DRAM bytes per arm at Huginn 64 x 8k, then abn.py's flushed
 # A/B of all arms, then ncu at Ouro 64 x 8k if time is left.
 set -uo pipefail
 OUT=${OUT:-/tmp/rq-out}; T0=$(date +%s); HERE=benchmarks/results/h100_2026-12-05e_scripts
@@ -10,7 +10,7 @@ export TRITON_CACHE_DIR=/tmp/triton-cache PYTHONUNBUFFERED=1 PYTHONPATH=$PWD XDG
 el() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
 left() { echo $(( 570 - ($(date +%s) - T0) )); }
 nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader
-ARMS="main both both_keep both_nohint main_keep"
+ARMS="main both both_keep both_nohint both_first"
 M=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,lts__t_sectors_srcunit_tex_op_read.sum,smsp__inst_executed.sum
 prof() {  # arm fam b ctx
   timeout 80 /usr/local/cuda/bin/ncu --clock-control none -k regex:rq_decode_tc -s 2 -c 1 --metrics $M --csv \
