@@ -1,16 +1,23 @@
-"""Two revisions of the CUDA tensor-core decode kernel side by side in one process: the working
+"""Revisions of the CUDA tensor-core decode kernel side by side in one process: the working
 tree's `csrc/rq_decode_tc.cu` ("new") against the same file at a git revision, or a saved copy of it
-(a .cu path, where the checkout has no git directory) ("base").
+(a .cu path, where the checkout has no git directory) ("base"), and any further arms.
 
-``python benchmarks/bench_tc_ab.py --base REV --out DIR [--reps N] [--no-step] [--l2-rows N]
-[--deadline S] [--dry-run]``
+``python benchmarks/bench_tc_ab.py --base REV --out DIR [--arm NAME=REV ...] [--points P,...]
+[--reps N] [--no-step] [--l2-rows N] [--deadline S] [--dry-run]``
+
+``python benchmarks/bench_tc_ab.py --base REV --profile FAMILY:BxCTX [--profile-arm NAME]``: no
+timing; three calls of residual loop 0 at that point with one arm's source (default ``new``),
+for Nsight Compute to profile the third (``ncu -k regex:rq_decode_tc -s 2 -c 1 python ...``).
 
 First each arm is checked against the fp32 twin at a small batch of every family
 (`bench_decode.check`: flash-attn rule, bf16 SDPA yardstick); an arm that fails is reported and
 the timing still runs. Then per point (`POINTS`: Ouro-, Huginn- and SmolLM2-shaped batches) both
 arms time `decode_attention` with the tc kernel exactly as `bench_decode` does (CUDA-graph
 replay, L2 flushed, median; time per layer-loop = (3 x residual loop + anchor loop) / 4), the
-arms' order alternating per rep; ``ratio`` = base time / new time (> 1: new is faster). Then,
+arms' order rotated per rep; ``ratio`` = base time / new time (> 1: new is faster), and with
+further arms (``--arm NAME=REV``, a git revision or .cu file as ``--base``) each row's ``us``
+holds every arm's time. ``--points``: only these points (``FAMILY:BxCTX``, comma-separated).
+Then,
 unless ``--no-step``, `bench_decode_step`'s Ouro-1.4B-shaped step at batch 2 and at the batch a
 32 GiB KV budget holds (16k context), both arms, same alternation. Writes
 ``DIR/bench_tc_ab.json`` after every point; stops starting new points after ``--deadline``
@@ -23,8 +30,8 @@ grid, split plan and instructions are the served ones; only the memory is fast, 
 the loop's issue- and latency-bound speed-up, an upper bound on what an instruction cut gives
 where HBM is faster (an H200 against an H100). The step is skipped.
 
-The kernel is loaded by file name (`rq_kernels.decode_tc.SOURCE`), so the base revision's source
-is written next to it as ``_ab_base.cu`` and removed at exit. Both arms run with the working
+The kernel is loaded by file name (`rq_kernels.decode_tc.SOURCE`), so each other arm's source is
+written next to it as ``_ab_NAME.cu`` and removed at exit. Both arms run with the working
 tree's host side (`decode_tc`: its compile-time defines, e.g. ``KINT``, occupancy shapes and
 split plan), so a base must accept them: an A/B of kernel sources, not of launchers. ``--dry-run`` (CPU): writes that
 file, records the plan and removes it; no kernel runs (the tc kernel needs a GPU).
@@ -47,7 +54,7 @@ sys.path.insert(0, ROOT)
 from benchmarks import bench_decode_step as step  # noqa: E402
 from benchmarks.bench_decode import check, inputs, time_loops  # noqa: E402
 from benchmarks.common import DEV, FAMILIES, pool, write_json  # noqa: E402
-from rq_kernels import cuda, decode_tc  # noqa: E402
+from rq_kernels import cuda, decode_attention, decode_tc  # noqa: E402
 from rq_kernels.decode import DecodeLaunch  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
 from sglang_rq.layout import kv_bytes_per_token  # noqa: E402
@@ -58,18 +65,17 @@ POINTS = {
     "huginn-d96": [(4, 8192), (16, 16384), (64, 8192)],
     "smollm2-gqa": [(4, 8192), (64, 8192)],
 }
-BASE_FILE = "_ab_base.cu"
 LOOPS = 4
 
 
-def write_base(rev: str) -> str:
-    """The base arm's kernel source, written as csrc/``BASE_FILE`` (removed at exit): ``rev`` is a
-    git revision (returns its full hash) or the path of a .cu file (for a checkout without its git
-    directory, as on the lent GPU host; returns ``file:<path> sha256:<hex>``). Raises
-    CalledProcessError for an unknown revision."""
+def write_arm(name: str, rev: str) -> str:
+    """Arm ``name``'s kernel source, written as csrc/``_ab_NAME.cu`` (removed at exit): ``rev`` is
+    a git revision (returns its full hash) or the path of a .cu file (for a checkout without its
+    git directory, as on the lent GPU host; returns ``file:<path> sha256:<hex>``). Raises
+    CalledProcessError for an unknown revision, FileNotFoundError for a missing file."""
     if rev.endswith(".cu"):
         if not os.path.isfile(rev):
-            raise FileNotFoundError(f"--base {rev}: no such kernel source file")
+            raise FileNotFoundError(f"--base/--arm {rev}: no such kernel source file")
         text = open(rev).read()
         sha = f"file:{rev} sha256:{hashlib.sha256(text.encode()).hexdigest()}"
     else:
@@ -77,15 +83,48 @@ def write_base(rev: str) -> str:
                              check=True, capture_output=True, text=True).stdout.strip()
         text = subprocess.run(["git", "show", f"{sha}:rq_kernels/csrc/{decode_tc.SOURCE}"],
                               cwd=ROOT, check=True, capture_output=True, text=True).stdout
-    path = cuda.CSRC / BASE_FILE
+    path = cuda.CSRC / f"_ab_{name}.cu"
     path.write_text(text)
     atexit.register(path.unlink, missing_ok=True)
     return sha
 
 
+def parse_points(text: str) -> dict[str, list[tuple[int, int]]]:
+    """``FAMILY:BxCTX,...`` -> {family: [(batch, ctx), ...]}. Raises ValueError naming a malformed
+    point or an unknown family."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        fam, _, bc = item.partition(":")
+        b, _, ctx = bc.partition("x")
+        if fam not in FAMILIES or not (b.isdigit() and ctx.isdigit()):
+            raise ValueError(f"--points/--profile: {item!r} is not FAMILY:BxCTX with FAMILY one "
+                             f"of {sorted(FAMILIES)}")
+        out.setdefault(fam, []).append((int(b), int(ctx)))
+    return out
+
+
+def profile_call(fam: str, b: int, ctx: int, source: str) -> None:
+    """Three calls of residual loop 0 at ``b`` x ``ctx`` of family ``fam`` with kernel source
+    ``source`` (a csrc file name), for a profiler to take the third."""
+    hq, hkv, dim = FAMILIES[fam]
+    view = pool(RQConfig(), hkv, dim, b * ctx + 2, LOOPS)
+    q, kc, vc, ind, idx = inputs(view, hq, hkv, dim, b, ctx)
+    out = torch.empty_like(q)
+    decode_tc.SOURCE = source
+    for _ in range(3):
+        decode_attention(q, kc, vc, view, 0, ind, idx, sm_scale=dim ** -0.5, out=out,
+                         launch=DecodeLaunch(split_kernel="tc"))
+    torch.cuda.synchronize()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", required=True, help="the base arm's kernel source: a git revision or a .cu file")
+    ap.add_argument("--arm", action="append", default=[], metavar="NAME=REV",
+                    help="a further arm: its name and kernel source (a git revision or a .cu file)")
+    ap.add_argument("--points", help="only these points: FAMILY:BxCTX,...")
+    ap.add_argument("--profile", metavar="FAMILY:BxCTX", help="no timing: three calls for a profiler")
+    ap.add_argument("--profile-arm", default="new", help="the arm --profile runs")
     ap.add_argument("--out", default=".")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--no-step", action="store_true")
@@ -93,19 +132,37 @@ def main() -> None:
     ap.add_argument("--deadline", type=float, default=480.0)
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args()
+    extra = dict(x.split("=", 1) for x in a.arm if "=" in x)
+    if len(extra) != len(a.arm) or not all(n.isidentifier() for n in extra) or {"new", "base"} & set(extra):
+        ap.error(f"--arm {a.arm}: each must be NAME=REV, NAME an identifier other than new and base")
+    try:
+        points = parse_points(a.points) if a.points else POINTS
+        profile = parse_points(a.profile) if a.profile else None
+    except ValueError as e:
+        ap.error(str(e))
+    arms = {"new": decode_tc.SOURCE, "base": "_ab_base.cu", **{n: f"_ab_{n}.cu" for n in extra}}
+    if a.profile_arm not in arms:
+        ap.error(f"--profile-arm {a.profile_arm}: not one of the arms {list(arms)}")
+    sources = {"base": write_arm("base", a.base), **{n: write_arm(n, r) for n, r in extra.items()}}
+    if profile and DEV == "cuda":
+        fam, pts = next(iter(profile.items()))
+        profile_call(fam, *pts[0], arms[a.profile_arm])
+        return
     os.makedirs(a.out, exist_ok=True)
-    arms = {"new": decode_tc.SOURCE, "base": BASE_FILE}
-    res = dict(base=write_base(a.base), date=time.strftime("%Y-%m-%d"),
+    res = dict(base=sources["base"], arms=sources, date=time.strftime("%Y-%m-%d"),
                gpu=torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu (dry run)",
-               plan={f: [list(p) for p in ps] for f, ps in POINTS.items()},
+               plan={f: [list(p) for p in ps] for f, ps in points.items()},
                l2_rows=a.l2_rows, checks=[], rows=[], step=[], skipped=[])
     if a.dry_run or DEV != "cuda":
         write_json(res, a.out, "bench_tc_ab.json")
         return
     cfg, launch = RQConfig(), DecodeLaunch(split_kernel="tc")
 
-    def each_arm(rep, fn):  # the arms in alternating order; fn(arm) -> value
-        order = ("new", "base") if rep % 2 == 0 else ("base", "new")
+    names = list(arms)
+
+    def each_arm(rep, fn):  # the arms in an order rotated per rep; fn(arm) -> value
+        k = rep % len(names)
+        order = names[k:] + names[:k]
         out = {}
         for arm in order:
             decode_tc.SOURCE = arms[arm]
@@ -131,12 +188,16 @@ def main() -> None:
                                                           dim, LOOPS)[1] * 1e3)
                 row = dict(family=fam, batch=b, ctx=ctx, rep=rep, new_us=us["new"],
                            base_us=us["base"], ratio=us["base"] / us["new"])
+                if extra:
+                    row["us"] = us
                 res["rows"].append(row)
-                print(f"{fam:12s} {b:3d} x {ctx:6d} rep {rep}: new {us['new']:8.1f} us, base "
-                      f"{us['base']:8.1f} us, base/new {row['ratio']:.3f}", flush=True)
+                print(f"{fam:12s} {b:3d} x {ctx:6d} rep {rep}: "
+                      + ", ".join(f"{n} {us[n]:8.1f} us" for n in names) + ", "
+                      + ", ".join(f"base/{n} {us['base'] / us[n]:.3f}" for n in names if n != "base"),
+                      flush=True)
                 write_json(res, a.out, "bench_tc_ab.json")
 
-    for fam, pts in POINTS.items():
+    for fam, pts in points.items():
         family(fam, pts)
         torch.cuda.empty_cache()
     if not (a.no_step or a.l2_rows):
@@ -159,9 +220,12 @@ def main() -> None:
                 ms = each_arm(rep, one)
                 row = dict(batch=b, ctx=16384, rep=rep, new_ms=ms["new"], base_ms=ms["base"],
                            ratio=ms["base"] / ms["new"])
+                if extra:
+                    row["ms"] = ms
                 res["step"].append(row)
-                print(f"step b={b:3d} rep {rep}: new {ms['new']:.2f} ms, base {ms['base']:.2f} ms, "
-                      f"base/new {row['ratio']:.3f}", flush=True)
+                print(f"step b={b:3d} rep {rep}: " + ", ".join(f"{n} {ms[n]:.2f} ms" for n in names)
+                      + ", " + ", ".join(f"base/{n} {ms['base'] / ms[n]:.3f}" for n in names if n != "base"),
+                      flush=True)
                 write_json(res, a.out, "bench_tc_ab.json")
     res["elapsed_s"] = time.time() - T0
     write_json(res, a.out, "bench_tc_ab.json")

@@ -52,3 +52,22 @@ def test_base_from_a_file(tmp_path):
     # sha256 of the bytes written above, by `sha256sum`
     assert res["base"] == f"file:{src} sha256:" + SAVED_SHA
     assert not BASE.exists()
+
+
+def test_further_arms_and_points(tmp_path):
+    r = _run(tmp_path, "HEAD", "--arm", "other=HEAD", "--points",
+             "huginn-d96:64x8192, ouro-1.4b:2x16384")
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((tmp_path / "bench_tc_ab.json").read_text())
+    assert set(res["arms"]) == {"base", "other"} and res["arms"]["other"] == res["base"]
+    assert res["plan"] == {"huginn-d96": [[64, 8192]], "ouro-1.4b": [[2, 16384]]}
+    assert not (ROOT / "rq_kernels" / "csrc" / "_ab_other.cu").exists() and not BASE.exists()
+
+
+def test_bad_points_and_arms_are_named(tmp_path):
+    r = _run(tmp_path, "HEAD", "--points", "ouro-1.4b:2by16384")
+    assert r.returncode == 2 and "'ouro-1.4b:2by16384' is not FAMILY:BxCTX" in r.stderr
+    r = _run(tmp_path, "HEAD", "--arm", "base=HEAD")
+    assert r.returncode == 2 and "--arm" in r.stderr
+    r = _run(tmp_path, "HEAD", "--profile-arm", "nope")
+    assert r.returncode == 2 and "--profile-arm nope" in r.stderr
