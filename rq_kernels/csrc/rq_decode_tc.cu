@@ -451,116 +451,190 @@ template <int N> __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// Byte (or element) offset of pool row slot: one 32 x 32 -> 64-bit multiply (the launcher
-// checks that rows and row strides are below 2^32).
-__device__ __forceinline__ int64_t row_off(int64_t slot, int64_t stride) {
-  return (int64_t)((uint64_t)(uint32_t)slot * (uint32_t)stride);
+// Address of pool row slot of a tensor whose base (with this lane's head and chunk applied) is
+// base: one 32 x 32 + 64-bit multiply-add (IMAD.WIDE.U32; the launcher checks that pool rows and
+// row strides in bytes are below 2^32).
+__host__ __device__ __forceinline__ const uint8_t* row_ptr(const uint8_t* base, uint32_t slot,
+                                                           uint32_t stride) {
+#ifdef __CUDA_ARCH__
+  uint64_t r;
+  asm("mad.wide.u32 %0, %1, %2, %3;\n" : "=l"(r) : "r"(slot), "r"(stride), "l"(base));
+  return reinterpret_cast<const uint8_t*>(r);
+#else
+  return base + (uint64_t)slot * stride;
+#endif
+}
+template <class T> __host__ __device__ __forceinline__ const uint8_t* bytes_of(const T* p) {
+  return reinterpret_cast<const uint8_t*>(p);
+}
+// The aligned 4-byte word holding p (a row's whole (scale, offset) words at head_dim 96, a bf16
+// coefficient's word): row strides are multiples of 4 (the launcher checks), so aligning a
+// lane's base once aligns every row's address.
+__host__ __device__ __forceinline__ const uint8_t* word_of(const uint8_t* p) {
+  return reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
 }
 
-// One (scale, offset) row of the pool at so into the stage row at dst (8 bytes).
-__device__ __forceinline__ void issue_so(uint32_t dst, const uint8_t* so) {
+// The codes of one kind (anchor or residual) of a tile's 16 tokens: CHUNKS cp.async chunks of CB
+// bytes per token. Up to 2 chunks, lane (token, chunk) = (lane & 15, lane >> 4): one instruction
+// per K or V. More (48 or 64 bytes per token), lanes chunk-fastest in two rounds of 8 tokens of
+// 4 lanes (token 8 r + lane / 4, chunk lane % 4), so one instruction reads whole token rows
+// instead of the same 32 bytes of 16 rows; their pool rows come by shuffles. Same lease against
+// lanes token-fastest (`benchmarks/results/h200_2026-12-03f_coalesce_ab.json`, v2): Huginn
+// 1.06-1.08x, Ouro batch 1-4 1.04-1.06x, batch 13-64 1.01-1.02x per call.
+template <int BITS> struct CodeMap {
+  static constexpr int CB = code_chunk<BITS>(), CHUNKS = code_bytes<BITS>() / CB;
+  static_assert(CHUNKS <= 4, "at most 4 chunks per token");
+  static constexpr bool ROUNDS = CHUNKS > 2;  // chunk-fastest
+  __host__ __device__ static int token(int lane) { return ROUNDS ? lane / 4 : lane & 15; }
+  __host__ __device__ static int chunk(int lane) { return ROUNDS ? lane % 4 : lane >> 4; }
+  __host__ __device__ static bool on(int lane) { return chunk(lane) < CHUNKS; }
+};
+
+// One lane's copies, set once per warp before the loop (copy_setup): each pool tensor's address
+// for row 0 with the lane's KV head, kind and chunk applied, and where in the stage (st) or its
+// small data (sm) the lane's bytes go; per tile only the row's multiply-add remains (issue_tile).
+// The row strides stay in the kernel's parameters (IMAD operands).
+struct Copies {
+  const uint8_t* ak; const uint8_t* av;  // anchor codes, K and V
+  uint32_t a_dst;                        // + st: K (V at + OFF_VA), round 0
+#if R_BITS > 0
+  const uint8_t* rk; const uint8_t* rv;  // residual codes
+  uint32_t r_dst;                        // + st + OFF_KR: K (V at + TILE * BR), round 0
+#endif
+  // (scale, offset) rows of this lane's kind pair: without COOP, half 0 the anchor's and half 1
+  // the residual's (K, V at + TILE * 8); with COOP warp w's kind w, a 16-byte chunk per lane
+  const uint8_t* sk; const uint8_t* sv;
+  uint32_t so_r;                         // their row stride (bytes)
+  uint32_t so_dst;                       // + sm
+  bool so_on;
+#if HAS_COEF
+  const uint8_t* cf;                     // the word holding this lane's coefficient
+  uint32_t cf_r;                         // row stride (bytes)
+  uint32_t cf_dst;                       // + sm
+  bool cf_on;
+#endif
+};
+
+// warp: this warp's index in the CTA (COOP: hk - warp is the CTA's first KV head).
+__host__ __device__ __forceinline__ Copies copy_setup(const Args& A, int hk, int warp, int lane) {
+  Copies c;
+  using MA = CodeMap<A_BITS>;
+  const uint8_t* ac = A.ac + hk * A.ac_h + MA::chunk(lane) * MA::CB;
+  c.ak = ac;
+  c.av = ac + A.ac_kv;
+  c.a_dst = MA::token(lane) * BA + MA::chunk(lane) * MA::CB;
+#if R_BITS > 0
+  using MR = CodeMap<R_BITS>;
+  const uint8_t* rc = A.rc + hk * A.rc_h + MR::chunk(lane) * MR::CB;
+  c.rk = rc;
+  c.rv = rc + A.rc_kv;
+  c.r_dst = MR::token(lane) * BR + MR::chunk(lane) * MR::CB;
+#endif
+  const int tok = lane & 15, half = lane >> 4;
+#if COOP
+  // warp w copies kind w (K anchor, V anchor, K residual, V residual) of the CTA's heads
+  const int hk0 = hk - warp;
+  const uint8_t* so = warp < 2 ? A.aso + hk0 * A.aso_h + (warp & 1) * A.aso_kv
+                               : A.rso + hk0 * A.rso_h + (warp & 1) * A.rso_kv;
+  c.sk = c.sv = so + half * 16;
+  c.so_r = (uint32_t)(warp < 2 ? A.aso_r : A.rso_r);
+  c.so_dst = (warp * TILE + tok) * SO_PITCH + half * 16;
+  c.so_on = half < WARPS * SB / 16 && (R_BITS > 0 || warp < 2);
+#if HAS_COEF
+  // the last warp: the CTA's WARPS coefficients of kind half
+  c.cf = bytes_of(A.cf + hk0 * A.cf_h + half * A.cf_kv);
+  c.cf_r = (uint32_t)(A.cf_r * 2);
+  c.cf_dst = OFF_CF + (half * TILE + tok) * CF_PITCH;
+  c.cf_on = warp == WARPS - 1;
+#endif
+#else
+  (void)warp;
+  const uint8_t* so = half == 0 ? A.aso + hk * A.aso_h : A.rso + hk * A.rso_h;
+  const int64_t so_kv = half == 0 ? A.aso_kv : A.rso_kv;
 #if HEAD_DIM == 96
-  const uint8_t* w = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(so) & ~uintptr_t(3));
-  cp_async_n<4>(dst, w);  // both words hold bytes of the row: no fault past its tensor
-  cp_async_n<4>(dst + 4, w + 4);
+  // a 6-byte row as the two aligned words holding it (no fault past its tensor)
+  c.sk = word_of(so);
+  c.sv = word_of(so + so_kv);
 #else
-  cp_async_n<SB>(dst, so);
+  c.sk = so;
+  c.sv = so + so_kv;
 #endif
+  c.so_r = (uint32_t)(half == 0 ? A.aso_r : A.rso_r);
+  c.so_dst = (2 * half * TILE + tok) * 8;
+  c.so_on = half == 0 || R_BITS > 0;
+#if HAS_COEF
+  // the aligned word holding this token's K (half 0) or V (half 1) coefficient
+  c.cf = word_of(bytes_of(A.cf + hk * A.cf_h + half * A.cf_kv));
+  c.cf_r = (uint32_t)(A.cf_r * 2);
+  c.cf_dst = OFF_CF + (half * TILE + tok) * 4;
+  c.cf_on = true;
+#endif
+#endif
+  return c;
 }
 
-// Copy the codes of one kind (K and V of the anchor or the residual) of the tile's 16 tokens:
-// CHUNKS cp.async chunks of CB bytes per token. slot: the pool row of token lane & 15. Up to 2
-// chunks, lane (token, chunk) = (lane & 15, lane >> 4): one instruction per K or V. More (48 or
-// 64 bytes per token), lanes chunk-fastest, 8 tokens of 4 lanes per instruction, so one
-// instruction reads whole token rows instead of the same 32 bytes of 16 rows; their pool rows
-// come by shuffles. Same lease against lanes token-fastest
-// (`benchmarks/results/h200_2026-12-03f_coalesce_ab.json`, v2): Huginn 1.06-1.08x, Ouro batch
-// 1-4 1.04-1.06x, batch 13-64 1.01-1.02x per call.
-template <int CB, int CHUNKS> __device__ __forceinline__ void issue_codes(
-    const uint8_t* base, int64_t row_stride, int64_t kv_stride, uint32_t dk, uint32_t dv,
-    int pitch, int lane, int64_t slot) {
-  if constexpr (CHUNKS <= 2) {
-    const int tk = lane & 15, c = lane >> 4;
-    if (c < CHUNKS) {
-      const uint8_t* src = base + row_off(slot, row_stride) + c * CB;
-      cp_async_n<CB>(dk + tk * pitch + c * CB, src);
-      cp_async_n<CB>(dv + tk * pitch + c * CB, src + kv_stride);
-    }
-  } else {
-    static_assert(CHUNKS <= 4, "at most 4 chunks per token");
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int tk = 8 * r + lane / 4, c = lane % 4;
-      const int64_t s = __shfl_sync(0xffffffffu, slot, tk);
-      if (c < CHUNKS) {
-        const uint8_t* src = base + row_off(s, row_stride) + c * CB;
-        cp_async_n<CB>(dk + tk * pitch + c * CB, src);
-        cp_async_n<CB>(dv + tk * pitch + c * CB, src + kv_stride);
-      }
+// One kind's codes (CodeMap) of row slot (round 0) and s1 (round 1, chunk-fastest).
+template <int BITS, int PITCH> __device__ __forceinline__ void issue_codes(
+    const uint8_t* k, const uint8_t* v, uint32_t stride, uint32_t dk, uint32_t dv, int lane,
+    uint32_t s0, uint32_t s1) {
+  using M = CodeMap<BITS>;
+  if (M::CHUNKS == 4 || M::CHUNKS == 2 || M::on(lane)) {
+    cp_async_n<M::CB>(dk, row_ptr(k, s0, stride));
+    cp_async_n<M::CB>(dv, row_ptr(v, s0, stride));
+    if constexpr (M::ROUNDS) {
+      cp_async_n<M::CB>(dk + 8 * PITCH, row_ptr(k, s1, stride));
+      cp_async_n<M::CB>(dv + 8 * PITCH, row_ptr(v, s1, stride));
     }
   }
 }
 
-// Gather tile [n, n + 16) of this warp into the stage at shared address st. Codes: issue_codes.
-// (scale, offset) rows and coefficients: lane token lane & 15, half lane >> 4 (half 0 the
-// anchor's / K's, half 1 the residual's / V's). slot: the pool row of token lane & 15 (0 past
-// hi).
-__device__ __forceinline__ void issue_tile(const Args& A, int hk, uint32_t st, int lane,
-                                           int64_t slot) {
-  const uint32_t sm = st + OFF_SO;  // the stage's small data (unused with COOP)
-  const int tok = lane & 15, half = lane >> 4;
-  constexpr int CA = code_chunk<A_BITS>(), NA = code_bytes<A_BITS>() / CA;
-  issue_codes<CA, NA>(A.ac + hk * A.ac_h, A.ac_r, A.ac_kv, st, st + OFF_VA, BA, lane, slot);
+// Gather the tile whose token lane & 15 lies in pool row slot (0 past the split's end) into the
+// stage at shared address st, its (scale, offset) rows and coefficients into the small data at sm
+// (without COOP: st + OFF_SO), if go; every lane calls it (the slots' shuffles run before go is
+// tested, so they need no divergence handling).
+__device__ __forceinline__ void issue_tile(const Args& A, const Copies& c, uint32_t st,
+                                           uint32_t sm, int lane, uint32_t slot, bool go) {
+  uint32_t s0 = slot, s1 = slot;
+  if constexpr (CodeMap<A_BITS>::ROUNDS || CodeMap<R_BITS == 0 ? A_BITS : R_BITS>::ROUNDS) {
+    s0 = __shfl_sync(0xffffffffu, slot, lane / 4);
+    s1 = __shfl_sync(0xffffffffu, slot, 8 + lane / 4);
+  }
+  if (!go) return;
+  {
+    using MA = CodeMap<A_BITS>;
+    issue_codes<A_BITS, BA>(c.ak, c.av, (uint32_t)A.ac_r, st + c.a_dst, st + OFF_VA + c.a_dst,
+                            lane, MA::ROUNDS ? s0 : slot, s1);
+  }
 #if R_BITS > 0
-  constexpr int CR = code_chunk<R_BITS>(), NR = code_bytes<R_BITS>() / CR;
-  issue_codes<CR, NR>(A.rc + hk * A.rc_h, A.rc_r, A.rc_kv, st + OFF_KR, st + OFF_VR, BR, lane,
-                      slot);
+  {
+    using MR = CodeMap<R_BITS>;
+    issue_codes<R_BITS, BR>(c.rk, c.rv, (uint32_t)A.rc_r, st + OFF_KR + c.r_dst,
+                            st + OFF_VR + c.r_dst, lane, MR::ROUNDS ? s0 : slot, s1);
+  }
 #endif
+  if (c.so_on) {
 #if COOP
-  (void)tok; (void)half; (void)sm;
+    cp_async_n<16>(sm + c.so_dst, row_ptr(c.sk, slot, c.so_r));
+#elif HEAD_DIM == 96
+    const uint8_t* k = row_ptr(c.sk, slot, c.so_r);
+    const uint8_t* v = row_ptr(c.sv, slot, c.so_r);
+    cp_async_n<4>(sm + c.so_dst, k);
+    cp_async_n<4>(sm + c.so_dst + 4, k + 4);
+    cp_async_n<4>(sm + c.so_dst + TILE * 8, v);
+    cp_async_n<4>(sm + c.so_dst + TILE * 8 + 4, v + 4);
 #else
+    cp_async_n<SB>(sm + c.so_dst, row_ptr(c.sk, slot, c.so_r));
+    cp_async_n<SB>(sm + c.so_dst + TILE * 8, row_ptr(c.sv, slot, c.so_r));
+#endif
+  }
 #if HAS_COEF
-  {  // the aligned word holding this token's K (half 0) or V (half 1) coefficient
-    const uint16_t* c = A.cf + hk * A.cf_h + half * A.cf_kv + row_off(slot, A.cf_r);
-    cp_async_n<4>(sm + OFF_CF + (half * TILE + tok) * 4,
-                  reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(c) & ~uintptr_t(3)));
-  }
-#endif
-  if (half == 0) {
-    const uint8_t* so = A.aso + hk * A.aso_h + row_off(slot, A.aso_r);
-    issue_so(sm + (0 * TILE + tok) * 8, so);
-    issue_so(sm + (1 * TILE + tok) * 8, so + A.aso_kv);
-  } else {
-#if R_BITS > 0
-    const uint8_t* so = A.rso + hk * A.rso_h + row_off(slot, A.rso_r);
-    issue_so(sm + (2 * TILE + tok) * 8, so);
-    issue_so(sm + (3 * TILE + tok) * 8, so + A.rso_kv);
-#endif
-  }
-#endif
-}
-
 #if COOP
-// COOP: the (scale, offset) rows of the CTA's WARPS KV heads from hk0 (one WARPS * SB-byte span
-// of each token's pool row per kind) and their coefficients (WARPS bf16 per kind) for the tile
-// of this warp's slot (token lane & 15), into the stage's small data at sm. Warp w copies kind
-// w's rows (16-byte chunks, chunk lane >> 4), the last warp also the coefficients (kind lane >> 4).
-__device__ __forceinline__ void issue_small(const Args& A, int hk0, uint32_t sm, int warp,
-                                            int lane, int64_t slot) {
-  const int tok = lane & 15, half = lane >> 4;
-  constexpr int CHUNKS = WARPS * SB / 16;
-  if (half < CHUNKS && (R_BITS > 0 || warp < 2)) {
-    const uint8_t* so = warp < 2 ? A.aso + hk0 * A.aso_h + (warp & 1) * A.aso_kv + row_off(slot, A.aso_r)
-                                 : A.rso + hk0 * A.rso_h + (warp & 1) * A.rso_kv + row_off(slot, A.rso_r);
-    cp_async_n<16>(sm + (warp * TILE + tok) * SO_PITCH + half * 16, so + half * 16);
-  }
-#if HAS_COEF
-  if (warp == WARPS - 1)
-    cp_async_n<2 * WARPS>(sm + OFF_CF + (half * TILE + tok) * CF_PITCH,
-                          A.cf + hk0 * A.cf_h + half * A.cf_kv + row_off(slot, A.cf_r));
+  if (c.cf_on) cp_async_n<2 * WARPS>(sm + c.cf_dst, row_ptr(c.cf, slot, c.cf_r));
+#else
+  cp_async_n<4>(sm + c.cf_dst, row_ptr(c.cf, slot, c.cf_r));
+#endif
 #endif
 }
-#endif
 
 // Where a stage's (scale, offset) row of kind (0-3) starts in its 8 bytes: 0, except at
 // head_dim 96 (6-byte rows), where it is the pool row's address mod 4: the same for every token
@@ -575,10 +649,12 @@ __device__ __forceinline__ int so_offset(const Args& A, int hk, int kind) {
 #endif
 }
 
-__device__ __forceinline__ int64_t tile_slot(const Args& A, int64_t base, int n, int hi,
-                                             int lane) {
+// Pool row of token n + (lane & 15) of the request whose rows start at kv_indices[base] (0 at and
+// past hi): the low word of the int64 index (rows are below 2^32: the launcher checks).
+__device__ __forceinline__ uint32_t tile_slot(const Args& A, int64_t base, int n, int hi,
+                                              int lane) {
   const int tok = n + (lane & 15);
-  return tok < hi ? A.kv_indices[base + tok] : 0;
+  return tok < hi ? reinterpret_cast<const uint32_t*>(A.kv_indices + base + tok)[0] : 0u;
 }
 
 // LSQ coefficient of token tok, kind 0 (K) or 1 (V), as fp32: the bf16 half of its word selected
@@ -665,6 +741,20 @@ template <int BITS> __device__ __forceinline__ void k_dots_int(const uint8_t* k,
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) x[i] = x[i] * (1 << BITS) + y[i];
+}
+
+// KINT: lanes t < 2 (the high halves' columns) and t + 2 (the low halves' of the same columns)
+// both hold k_dots_int's sums x[2 j + c] of tokens g (j = 0) and 8 + g (j = 1), column 2 (t & 1)
+// + c. Each gives the partner the token it does not finish (one shuffle per column) and returns
+// its own token's whole sums 256 hi + lo: lane t token g, lane t + 2 token 8 + g (|sum| < 2^29:
+// at most 64 elements x 15 x 128 x 2^4 x 256), so each (scale, offset) pair of the logit
+// epilogue is converted once, not on both lanes.
+__device__ __forceinline__ void k_whole(const int (&x)[4], bool low, int (&w)[2]) {
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    const int got = __shfl_xor_sync(0xffffffffu, low ? x[c] : x[2 + c], 2);
+    w[c] = low ? 256 * got + x[2 + c] : 256 * x[c] + got;
+  }
 }
 
 // V codes of the tile at v (pitch bytes per token): this thread's slice g of tokens 2t, 2t + 1
@@ -1016,7 +1106,6 @@ rq_decode_tc_split(const Args A) {
   const uint8_t* small0 = smem + WARPS * STAGES * STAGE_BYTES;  // stage 0's small data
   constexpr int SMALL_STRIDE = SMALL_BYTES;
   const int so_head = warp * SB, cf_head = warp * 2;
-  const int hk0 = hk - warp;  // the CTA's first KV head (num_kv_heads % WARPS == 0)
 #else
   const uint8_t* small0 = wsm + OFF_SO;
   constexpr int SMALL_STRIDE = STAGE_BYTES;
@@ -1026,23 +1115,16 @@ rq_decode_tc_split(const Args A) {
   // tiles of this split, rounded up to whole iterations: a tile past hi is copied from pool row 0
   // (its tokens are masked; row 0 holds finite scales, unlike unwritten shared memory)
   const int ntiles = lo < hi ? (hi - lo + STEP - 1) / STEP * SUBT : 0;
+  const Copies cps = copy_setup(A, hk, warp, lane);
 #pragma unroll
   for (int s = 0; s < STAGES - SUBT; ++s) {
-    if (s < ntiles) {
-      const int64_t slot = tile_slot(A, base, lo + s * TILE, hi, lane);
-      issue_tile(A, hk, wsa + s * STAGE_BYTES, lane, slot);
-#if COOP
-      issue_small(A, hk0, small0a + s * SMALL_STRIDE, warp, lane, slot);
-#endif
-    }
+    issue_tile(A, cps, wsa + s * STAGE_BYTES, small0a + s * SMALL_STRIDE, lane,
+               tile_slot(A, base, lo + s * TILE, hi, lane), s < ntiles);
     cp_commit();
   }
-  int64_t pslot[SUBT];  // pool rows of the next tiles to issue (loaded an iteration ahead)
+  uint32_t pslot[SUBT];  // pool rows of the next tiles to issue (loaded an iteration ahead)
 #pragma unroll
-  for (int u = 0; u < SUBT; ++u) {
-    const int nt = STAGES - SUBT + u;
-    pslot[u] = nt < ntiles ? tile_slot(A, base, lo + nt * TILE, hi, lane) : 0;
-  }
+  for (int u = 0; u < SUBT; ++u) pslot[u] = tile_slot(A, base, lo + (STAGES - SUBT + u) * TILE, hi, lane);
   // q_mode 2: this lane's Hadamard signs (not another kernel's output: loaded before the wait)
   float sg[D / 32];
 #pragma unroll
@@ -1156,13 +1238,12 @@ rq_decode_tc_split(const Args A) {
   const bool k_low = t >= 2;
   const int cg = (2 * tq) % NG;
   const bool col_ok = 2 * tq < ROWS;
-  // (and 2^-BITS: k_dots_int's sums are codes times 2^BITS)
+  // (the whole sums 256 hi + lo: k_whole; times 2^-BITS: k_dots_int's are codes times 2^BITS)
   float cs[2], cq[2];
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
-    cs[c] = __shfl_sync(0xffffffffu, qmax, 4 * (2 * tq + c)) * ((k_low ? 1.f : 256.f) / QFIX);
-    const float qs_c = __shfl_sync(0xffffffffu, qsum, 4 * (2 * tq + c));  // every lane shuffles
-    cq[c] = k_low ? 0.f : qs_c;
+    cs[c] = __shfl_sync(0xffffffffu, qmax, 4 * (2 * tq + c)) * (1.f / QFIX);
+    cq[c] = __shfl_sync(0xffffffffu, qsum, 4 * (2 * tq + c));
   }
 #else
   // ---- query fragments (fp16, pre-divided by 2^pos) and the folds 1024 * sum q, sum q per row
@@ -1217,6 +1298,7 @@ rq_decode_tc_split(const Args A) {
     cq[c] = __shfl_sync(0xffffffffu, qsum, 4 * (2 * t + c));
   }
   const int tq = t;
+  const bool k_low = false;  // (KINT: lanes t >= 2 hold the low halves' columns)
 #endif
   // the lane (of quad 0) whose columns belong to this thread's V head vh
   const int src_t = (vh * NG) / 2 < 4 ? (vh * NG) / 2 : 0;
@@ -1253,14 +1335,10 @@ rq_decode_tc_split(const Args A) {
 #pragma unroll
     for (int u = 0; u < SUBT; ++u) {  // into the stages the previous iteration read
       const int nt = it + STAGES - SUBT + u;
-      if (nt < ntiles) {
-        issue_tile(A, hk, wsa + (nt % STAGES) * STAGE_BYTES, lane, pslot[u]);
-#if COOP
-        issue_small(A, hk0, small0a + (nt % STAGES) * SMALL_STRIDE, warp, lane, pslot[u]);
-#endif
-      }
+      issue_tile(A, cps, wsa + (nt % STAGES) * STAGE_BYTES, small0a + (nt % STAGES) * SMALL_STRIDE,
+                 lane, pslot[u], nt < ntiles);
       cp_commit();
-      pslot[u] = nt + SUBT < ntiles ? tile_slot(A, base, lo + (nt + SUBT) * TILE, hi, lane) : 0;
+      pslot[u] = tile_slot(A, base, lo + (nt + SUBT) * TILE, hi, lane);
     }
 
     float lg[SUBT][2];
@@ -1284,11 +1362,39 @@ rq_decode_tc_split(const Args A) {
     k_dots<R_BITS>(stp + OFF_KR, BR, g, t, qr, magic, xr);
 #endif
 #endif
-    // ---- logits of head ht for tokens g (j = 0) and 8 + g (j = 1): this thread's two columns,
-    // then the head's other columns (NG = 4: the neighbour thread)
+    // ---- logits of head ht, per token: this thread's two columns' dot terms (xk: anchor, xkr:
+    // residual), then the head's other columns (NG = 4: the neighbour thread). KINT: one token
+    // per lane (t < 2: g, else 8 + g; k_whole), lg[u][0] = lg[u][1]; else tokens g (j = 0) and
+    // 8 + g (j = 1)
+    constexpr int J = KINT ? 1 : 2;
+    float xk[J][2], xkr[J][2];
+#if KINT
+    {
+      int w[2];
+      k_whole(ia, k_low, w);
+#pragma unroll
+      for (int c = 0; c < 2; ++c) xk[0][c] = cs[c] * (1.f / (1 << A_BITS)) * __int2float_rn(w[c]);
+#if R_BITS > 0
+      k_whole(ir, k_low, w);
+#pragma unroll
+      for (int c = 0; c < 2; ++c) xkr[0][c] = cs[c] * (1.f / (1 << R_BITS)) * __int2float_rn(w[c]);
+#endif
+    }
+#else
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const int tk = 8 * j + g;
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        xk[j][c] = xa[2 * j + c] - cf_a[c];
+#if R_BITS > 0
+        xkr[j][c] = xr[2 * j + c] - cf_r[c];
+#endif
+      }
+    }
+#endif
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int tk = KINT ? (k_low ? 8 + g : g) : 8 * j + g;
       const uint32_t ska = so_word(sos[u], 0, tk, cg, so_offset(A, hk, 0));
 #if HAS_COEF
       const float c_k = coef_of(cfs[u], 0, tk, sh_k);
@@ -1299,24 +1405,16 @@ rq_decode_tc_split(const Args A) {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const float2 sa = fp8x2((uint16_t)(ska >> (16 * c)));
-#if KINT
-        float v = c_k * (sa.x * (cs[c] * (1.f / (1 << A_BITS))) * __int2float_rn(ia[2 * j + c]) + sa.y * cq[c]);
-#else
-        float v = c_k * (sa.x * (xa[2 * j + c] - cf_a[c]) + sa.y * cq[c]);
-#endif
+        float v = c_k * (sa.x * xk[j][c] + sa.y * cq[c]);
 #if R_BITS > 0
         const float2 sr = fp8x2((uint16_t)(so_word(sos[u], 2, tk, cg, so_offset(A, hk, 2)) >> (16 * c)));
-#if KINT
-        v += sr.x * (cs[c] * (1.f / (1 << R_BITS))) * __int2float_rn(ir[2 * j + c]) + sr.y * cq[c];
-#else
-        v += sr.x * (xr[2 * j + c] - cf_r[c]) + sr.y * cq[c];
-#endif
+        v += sr.x * xkr[j][c] + sr.y * cq[c];
 #endif
         acc += col_ok && (HEAD_DIM != 96 || cg + c < NGR) ? v : 0.f;  // 96: not group 3
       }
       if (NG == 4) acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-      if (KINT) acc += __shfl_xor_sync(0xffffffffu, acc, 2);  // the low halves' columns
       lg[u][j] = (col_ok && n + tk < hi) ? acc * A.qk_scale : -INFINITY;
+      if (KINT) lg[u][1] = lg[u][j];
     }
     }
     // logits of head vh for the V tokens 2t + (i & 1) + 8 (i >> 1), from the threads holding them
@@ -1325,7 +1423,9 @@ rq_decode_tc_split(const Args A) {
     for (int u = 0; u < SUBT; ++u) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        qk[u][i] = __shfl_sync(0xffffffffu, lg[u][i >> 1], 4 * (2 * t + (i & 1)) + src_t);
+        // (KINT: token 8 + g's logit on lane src_t + 2: k_whole)
+        qk[u][i] = __shfl_sync(0xffffffffu, lg[u][i >> 1],
+                               4 * (2 * t + (i & 1)) + src_t + (KINT ? 2 * (i >> 1) : 0));
         if (!v_ok || PAD_ROW) qk[u][i] = -INFINITY;
 #if HAS_COEF
         cvv[u][i] = coef_of(cfs[u], 1, 2 * t + (i & 1) + 8 * (i >> 1), sh_v);
@@ -1346,6 +1446,7 @@ rq_decode_tc_split(const Args A) {
       float mt = fmaxf(lg[0][0], lg[0][1]);
 #pragma unroll
       for (int u = 1; u < SUBT; ++u) mt = fmaxf(mt, fmaxf(lg[u][0], lg[u][1]));
+      if (KINT) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));  // tokens g, 8 + g
       mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 4));
       mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 8));
       mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 16));

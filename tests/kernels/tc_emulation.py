@@ -287,9 +287,8 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
 
                 qa = qfrag(a_bits)
                 qr = qfrag(r_bits) if r_bits else None
-                cs = [(shfl(qmax, 4 * (2 * tq + c)) * np.where(k_low, F32(1), F32(256)) / F32(QFIX)).astype(F32)
-                      for c in range(2)]
-                cq = [np.where(k_low, F32(0), shfl(qsum, 4 * (2 * tq + c))) for c in range(2)]
+                cs = [(shfl(qmax, 4 * (2 * tq + c)) / F32(QFIX)).astype(F32) for c in range(2)]
+                cq = [shfl(qsum, 4 * (2 * tq + c)) for c in range(2)]
             else:  # fp16 fragments pre-divided by 2^pos, the folds 1024 sum q
                 qa = [[None, None] for _ in range(K_STEPS)]
                 qr = [[None, None] for _ in range(K_STEPS)]
@@ -375,41 +374,60 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
                     xa = k_dots(ka, a_bits, qa)
                     if r_bits:
                         xr = k_dots(kr, r_bits, qr)
-                    lg = []
-                    for j in range(2):
-                        tk = 8 * j + G
+                    if kint:  # k_whole: lane t finishes token g, lane t + 2 token 8 + g
+                        def whole(x):
+                            w = []
+                            for c in range(2):
+                                got = xor(np.where(k_low, x[:, c], x[:, 2 + c]), 2)
+                                w.append(np.where(k_low, 256 * got + x[:, 2 + c], 256 * x[:, c] + got))
+                            return w
+
+                        wa = whole(xa)
+                        wr = whole(xr) if r_bits else None
+                        tk = np.where(k_low, 8 + G, G)
                         c_k = ck[tk] if cf is not None else np.ones(32, F32)
                         acc = np.zeros(32, F32)
                         for c in range(2):
                             sx = fp8(ska[tk, 2 * (cg + c)])
                             sy = fp8(ska[tk, 2 * (cg + c) + 1])
-                            if kint:
-                                ka_ = (sx * (cs[c] * F32(1 / (1 << a_bits)))).astype(F32)
-                                v = c_k * (ka_ * xa[:, 2 * j + c].astype(F32) + sy * cq[c])
-                            else:
-                                v = c_k * (sx * (xa[:, 2 * j + c] - cf_a[c]) + sy * cq[c])
+                            ka_ = (cs[c] * F32(1 / (1 << a_bits)) * wa[c].astype(F32)).astype(F32)
+                            v = c_k * (sx * ka_ + sy * cq[c])
                             if r_bits:
                                 rx = fp8(skr[tk, 2 * (cg + c)])
                                 ry = fp8(skr[tk, 2 * (cg + c) + 1])
-                                if kint:
-                                    kr_ = (rx * (cs[c] * F32(1 / (1 << r_bits)))).astype(F32)
-                                    v = v + kr_ * xr[:, 2 * j + c].astype(F32) + ry * cq[c]
-                                else:
-                                    v = v + rx * (xr[:, 2 * j + c] - cf_r[c]) + ry * cq[c]
+                                kr_ = (cs[c] * F32(1 / (1 << r_bits)) * wr[c].astype(F32)).astype(F32)
+                                v = v + rx * kr_ + ry * cq[c]
                             acc = acc + np.where(col_ok, v, F32(0)).astype(F32)
                         if NG == 4:
                             acc = acc + xor(acc, 1)
-                        if kint:
-                            acc = acc + xor(acc, 2)
-                        lg.append(np.where(col_ok & (n + tk < hi), acc * F32(qk_scale), -np.inf).astype(F32))
+                        lgv = np.where(col_ok & (n + tk < hi), acc * F32(qk_scale), -np.inf).astype(F32)
+                        lg = [lgv, lgv]
+                    else:
+                        lg = []
+                        for j in range(2):
+                            tk = 8 * j + G
+                            c_k = ck[tk] if cf is not None else np.ones(32, F32)
+                            acc = np.zeros(32, F32)
+                            for c in range(2):
+                                sx = fp8(ska[tk, 2 * (cg + c)])
+                                sy = fp8(ska[tk, 2 * (cg + c) + 1])
+                                v = c_k * (sx * (xa[:, 2 * j + c] - cf_a[c]) + sy * cq[c])
+                                if r_bits:
+                                    rx = fp8(skr[tk, 2 * (cg + c)])
+                                    ry = fp8(skr[tk, 2 * (cg + c) + 1])
+                                    v = v + rx * (xr[:, 2 * j + c] - cf_r[c]) + ry * cq[c]
+                                acc = acc + np.where(col_ok, v, F32(0)).astype(F32)
+                            if NG == 4:
+                                acc = acc + xor(acc, 1)
+                            lg.append(np.where(col_ok & (n + tk < hi), acc * F32(qk_scale), -np.inf).astype(F32))
                     mt = np.maximum(lg[0], lg[1])
-                    for m in (4, 8, 16):
+                    for m in ((2, 4, 8, 16) if kint else (4, 8, 16)):
                         mt = np.maximum(mt, xor(mt, m))
                     mt = shfl(mt, src_t)
                     qk = []
                     cvv = []
                     for i in range(4):
-                        v = shfl(lg[i >> 1], 4 * (2 * T + (i & 1)) + src_t)
+                        v = shfl(lg[i >> 1], 4 * (2 * T + (i & 1)) + src_t + (2 * (i >> 1) if kint else 0))
                         qk.append(np.where(v_ok, v, -np.inf).astype(F32))
                         tk = 2 * T + (i & 1) + 8 * (i >> 1)
                         cvv.append(cvf[tk] if cf is not None else np.ones(32, F32))

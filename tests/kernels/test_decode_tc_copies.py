@@ -102,11 +102,14 @@ int main(int argc, char** argv) {
     const uint32_t wsa = smem + warp * (STAGES * STAGE_BYTES);
     for (int lane = 0; lane < 32; ++lane) {
       g_lane = lane;
-      const int64_t slot = (int64_t)g_slot[lane & 15];
-      issue_tile(A, hk, wsa + stage * STAGE_BYTES, lane, slot);
+      const uint32_t slot = (uint32_t)g_slot[lane & 15];
+      const Copies c = copy_setup(A, hk, warp, lane);
 #if COOP
-      issue_small(A, hk0, small0a + stage * SMALL_BYTES, warp, lane, slot);
+      const uint32_t sm = small0a + stage * SMALL_BYTES;
+#else
+      const uint32_t sm = wsa + stage * STAGE_BYTES + OFF_SO;
 #endif
+      issue_tile(A, c, wsa + stage * STAGE_BYTES, sm, lane, slot, true);
     }
   }
   for (const Rec& r : g_rec) printf("%u %llu %d\n", r.dst, (unsigned long long)r.src, r.bytes);

@@ -157,8 +157,8 @@ def _k_side_int(q, stage_codes, hd, gs, a_bits, r_bits, rows, sl, d):
         t = lane & 3
         src = 4 * (2 * (t & 1) + c)
         bits = (a_bits, r_bits)[lp]
-        scale = quadmax[src] / emu.QFIX * (1.0 if t >= 2 else 256.0) / (1 << bits)
-        return v * scale, 0.0 if t >= 2 else qsum[src]
+        scale = quadmax[src] / emu.QFIX / (1 << bits)  # v: a whole sum 256 hi + lo
+        return v * scale, qsum[src]
     return x, kf
 
 
@@ -276,37 +276,47 @@ def _tile(hd, gs, gq, a_bits, r_bits, hi, seed):
         x, kf = _k_side_int(q, stage_codes, hd, gs, a_bits, r_bits, rows, sl, d)
     else:
         x, kf = _k_side_f16(q, stage_codes, hd, gs, a_bits, r_bits, rows, sl, d)
-    # ---- logits of head ht for tokens g, 8 + g
+    # ---- logits of head ht for tokens g, 8 + g; KINT: lane t (< 2) finishes token g, lane t + 2
+    # token 8 + g from the whole sums 256 hi + lo of the pair's halves (k_whole), lg[lane] = [v, v]
+    kint = rows <= 4
     lg = [[0.0, 0.0] for _ in lanes]
     for lane in lanes:
         g, t = lane >> 2, lane & 3
-        tq = t & 1 if rows <= 4 else t
+        tq = t & 1 if kint else t
         cg, col_ok = (2 * tq) % ng, 2 * tq < rows
         for j in range(2):
+            if kint and j != (t >= 2):
+                continue
             tk, acc = 8 * j + g, 0.0
             for c in range(2):
+                def xs_of(lp):
+                    if not kint:
+                        return x[lp][lane][2 * j + c]
+                    hi_, lo_ = (lane ^ 2, lane) if t >= 2 else (lane, lane ^ 2)
+                    return 256 * x[lp][hi_][2 * j + c] + x[lp][lo_][2 * j + c]
                 sa = so_word(0, tk, cg)[c]
-                xs, off = kf(lane, c, 0, x[0][lane][2 * j + c])
+                xs, off = kf(lane, c, 0, xs_of(0))
                 v = coef[0][tk] * (sa[0] * xs + sa[1] * off)
                 if r_bits:
                     sr = so_word(2, tk, cg)[c]
-                    xs, off = kf(lane, c, 1, x[1][lane][2 * j + c])
+                    xs, off = kf(lane, c, 1, xs_of(1))
                     v += sr[0] * xs + sr[1] * off
                 acc += v if col_ok and (hd != 96 or cg + c < ngr) else 0.0
             lg[lane][j] = acc
+            if kint:
+                lg[lane][1 - j] = acc
     if ng == 4:
         lg = [[a + b for a, b in zip(lg[lane], lg[lane ^ 1])] for lane in lanes]
-    if rows <= 4:  # the low halves' columns (lanes t >= 2)
-        lg = [[a + b for a, b in zip(lg[lane], lg[lane ^ 2])] for lane in lanes]
     for lane in lanes:
         g, t = lane >> 2, lane & 3
-        tq = t & 1 if rows <= 4 else t
+        tq = t & 1 if kint else t
         for j in range(2):
-            lg[lane][j] = lg[lane][j] * qk_scale if 2 * tq < rows and 8 * j + g < hi else -INF
+            tk = 8 * (t >= 2) + g if kint else 8 * j + g
+            lg[lane][j] = lg[lane][j] * qk_scale if 2 * tq < rows and tk < hi else -INF
     quad = lambda v: [sum(v[4 * (lane >> 2) + i] for i in range(4)) for lane in lanes]  # noqa: E731
     # tile max per head, the logits moved to the V fragments, weights
     mt = [max(lg[lane]) for lane in lanes]
-    for m in (4, 8, 16):
+    for m in ((2, 4, 8, 16) if kint else (4, 8, 16)):
         mt = [max(mt[lane], mt[lane ^ m]) for lane in lanes]
     # ---- V weights: lane g builds B column g: row vr = (head vh, group vgrp); PAIRED (rows <= 4)
     # columns 4-7 carry the second term of row g - 4 (the residual's, or without one the anchor
@@ -325,7 +335,7 @@ def _tile(hd, gs, gq, a_bits, r_bits, hi, seed):
         m_run = mt[src_t] if v_ok else -INF
         w1[lane], w2[lane] = [], []
         for i in range(4):
-            qk = lg[4 * (2 * t + (i & 1)) + src_t][i >> 1]
+            qk = lg[4 * (2 * t + (i & 1)) + src_t + (2 * (i >> 1) if kint else 0)][i >> 1]
             if not v_ok or pad:
                 qk = -INF
             p = 0.0 if qk == -INF else 2 ** (qk - m_run)
