@@ -439,12 +439,37 @@ template <int BITS> __host__ __device__ constexpr int code_chunk() { return code
 // and the next CTA read in the same call. Same lease against no hint
 // (`benchmarks/results/h200_2026-12-03g_prefetch_ab.json`): Ouro batch 1-4 1.02-1.03x, Huginn
 // 4 x 8k 1.01x, batch 13-64 1.00x; .L2::256B the same.
-template <int BYTES> __device__ __forceinline__ void cp_async_n(uint32_t dst, const void* src) {
-  if constexpr (BYTES == 16)
+// KEEP: the copy carries an L2 cache policy (`l2_keep`: evict_last), as the (scale, offset) rows
+// and coefficients do (issue_tile). A token's small data of all KV heads shares a few 128-byte
+// lines, read by every CTA of the split (6 at Huginn's 24 heads without COOP): normal eviction
+// lost some of them between the first CTA's read and the last one's once the loop waited on
+// memory rather than on its instructions, Huginn 64 x 8k moving 2.52 GB from DRAM for 2.16 GB
+// of data; kept, 2.26 GB and 0.96x the time (H200, Nsight; main 2.22 GB). Codes kept normal:
+// evict_first on them cost 0.74-0.88x there (its shared boundary lines, 3.94 GB)
+// (`benchmarks/results/h200_2026-12-05e_cut_arms_ab.json`).
+template <int BYTES, bool KEEP = false>
+__device__ __forceinline__ void cp_async_n(uint32_t dst, const void* src, uint64_t policy = 0) {
+  if constexpr (KEEP && BYTES == 16)
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst),
+                 "l"(src), "l"(policy));
+  else if constexpr (KEEP)
+    asm volatile("cp.async.ca.shared.global.L2::cache_hint.L2::128B [%0], [%1], %2, %3;\n" ::"r"(dst),
+                 "l"(src), "n"(BYTES), "l"(policy));
+  else if constexpr (BYTES == 16)
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
   else
     asm volatile("cp.async.ca.shared.global.L2::128B [%0], [%1], %2;\n" ::"r"(dst), "l"(src),
                  "n"(BYTES));
+}
+// The L2 policy of KEEP copies: evict_last for all their lines (0 off the device).
+__host__ __device__ __forceinline__ uint64_t l2_keep() {
+#ifdef __CUDA_ARCH__
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+#else
+  return 0;
+#endif
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_wait() {
@@ -513,11 +538,13 @@ struct Copies {
   uint32_t cf_dst;                       // + sm
   bool cf_on;
 #endif
+  uint64_t keep;                         // the small copies' L2 policy (l2_keep)
 };
 
 // warp: this warp's index in the CTA (COOP: hk - warp is the CTA's first KV head).
 __host__ __device__ __forceinline__ Copies copy_setup(const Args& A, int hk, int warp, int lane) {
   Copies c;
+  c.keep = l2_keep();
   using MA = CodeMap<A_BITS>;
   const uint8_t* ac = A.ac + hk * A.ac_h + MA::chunk(lane) * MA::CB;
   c.ak = ac;
@@ -614,24 +641,24 @@ __device__ __forceinline__ void issue_tile(const Args& A, const Copies& c, uint3
 #endif
   if (c.so_on) {
 #if COOP
-    cp_async_n<16>(sm + c.so_dst, row_ptr(c.sk, slot, c.so_r));
+    cp_async_n<16, true>(sm + c.so_dst, row_ptr(c.sk, slot, c.so_r), c.keep);
 #elif HEAD_DIM == 96
     const uint8_t* k = row_ptr(c.sk, slot, c.so_r);
     const uint8_t* v = row_ptr(c.sv, slot, c.so_r);
-    cp_async_n<4>(sm + c.so_dst, k);
-    cp_async_n<4>(sm + c.so_dst + 4, k + 4);
-    cp_async_n<4>(sm + c.so_dst + TILE * 8, v);
-    cp_async_n<4>(sm + c.so_dst + TILE * 8 + 4, v + 4);
+    cp_async_n<4, true>(sm + c.so_dst, k, c.keep);
+    cp_async_n<4, true>(sm + c.so_dst + 4, k + 4, c.keep);
+    cp_async_n<4, true>(sm + c.so_dst + TILE * 8, v, c.keep);
+    cp_async_n<4, true>(sm + c.so_dst + TILE * 8 + 4, v + 4, c.keep);
 #else
-    cp_async_n<SB>(sm + c.so_dst, row_ptr(c.sk, slot, c.so_r));
-    cp_async_n<SB>(sm + c.so_dst + TILE * 8, row_ptr(c.sv, slot, c.so_r));
+    cp_async_n<SB, true>(sm + c.so_dst, row_ptr(c.sk, slot, c.so_r), c.keep);
+    cp_async_n<SB, true>(sm + c.so_dst + TILE * 8, row_ptr(c.sv, slot, c.so_r), c.keep);
 #endif
   }
 #if HAS_COEF
 #if COOP
-  if (c.cf_on) cp_async_n<2 * WARPS>(sm + c.cf_dst, row_ptr(c.cf, slot, c.cf_r));
+  if (c.cf_on) cp_async_n<2 * WARPS, true>(sm + c.cf_dst, row_ptr(c.cf, slot, c.cf_r), c.keep);
 #else
-  cp_async_n<4>(sm + c.cf_dst, row_ptr(c.cf, slot, c.cf_r));
+  cp_async_n<4, true>(sm + c.cf_dst, row_ptr(c.cf, slot, c.cf_r), c.keep);
 #endif
 #endif
 }

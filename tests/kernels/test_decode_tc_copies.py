@@ -70,7 +70,7 @@ inline uint32_t __cvta_generic_to_shared(const void* p) { return (uint32_t)(uint
 // the tile: token i's pool row, and the lane whose copies run
 static uint64_t g_slot[16];
 static int g_lane;
-struct Rec { uint32_t dst; uint64_t src; int bytes; };
+struct Rec { uint32_t dst; uint64_t src; int bytes; int keep; };
 static std::vector<Rec> g_rec;
 // the copy code shuffles only the lanes' slots (lane l holds token l & 15's)
 template <class T> T __shfl_sync(unsigned, T v, int src) {
@@ -112,7 +112,8 @@ int main(int argc, char** argv) {
       issue_tile(A, c, wsa + stage * STAGE_BYTES, sm, lane, slot, true);
     }
   }
-  for (const Rec& r : g_rec) printf("%u %llu %d\n", r.dst, (unsigned long long)r.src, r.bytes);
+  for (const Rec& r : g_rec)
+    printf("%u %llu %d %d\n", r.dst, (unsigned long long)r.src, r.bytes, r.keep);
 }
 """
 
@@ -121,9 +122,11 @@ def _copy_code(text: str) -> str:
     """The source before the kernel, with cp.async recording its copies."""
     text = text[text.index("// Programmatic dependent launch"):text.index('extern "C" __global__')]
     text, n = re.subn(
-        r"template <int BYTES> __device__ __forceinline__ void cp_async_n\(uint32_t dst, const void\* src\) \{.*?\n\}",
-        "template <int BYTES> inline void cp_async_n(uint32_t dst, const void* src) "
-        "{ g_rec.push_back({dst, (uint64_t)(uintptr_t)src, BYTES}); }", text, flags=re.S)
+        r"template <int BYTES, bool KEEP = false>\n__device__ __forceinline__ void cp_async_n\("
+        r"uint32_t dst, const void\* src, uint64_t policy = 0\) \{.*?\n\}",
+        "template <int BYTES, bool KEEP = false> inline void cp_async_n(uint32_t dst, const void* src, "
+        "uint64_t policy = 0) { g_rec.push_back({dst, (uint64_t)(uintptr_t)src, BYTES, KEEP}); }",
+        text, flags=re.S)
     assert n == 1, "cp_async_n not found in the source: keep the shim in step"
     return text
 
@@ -246,8 +249,13 @@ def test_tile_copies_deliver_the_stage_layout(fmt, shape, tmp_path_factory):
                           *map(str, slots)], capture_output=True, text=True, check=True).stdout
     got: dict[int, int] = {}
     rows = {name: [pool.row(name, s) for s in slots] for name in ("ac", "aso", "rc", "rso", "cf")}
+    kept = {name: False for name in ("ac", "rc")} | {name: True for name in ("aso", "rso", "cf")}
     for line in out.splitlines():
-        dst, src, n = map(int, line.split())
+        dst, src, n, keep = map(int, line.split())
+        # the small data (scale, offset rows, coefficients) with the L2 policy, codes without
+        assert [kept[name] for name, rr in rows.items()
+                if any(lo <= src < hi for lo, hi in rr)] == [bool(keep)], (
+            f"copy from {src:#x}: L2 policy {keep}")
         assert src % n == 0 and dst % n == 0, f"cp.async of {n} bytes {src:#x} -> {dst:#x}: unaligned"
         assert any(lo <= src and src + n <= hi for rr in rows.values() for lo, hi in rr), (
             f"copy of {n} bytes from {src:#x}: outside the tile's pool rows")
