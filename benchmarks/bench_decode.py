@@ -167,6 +167,24 @@ def chain_points(cfg, hkv, dim, loops, points) -> dict:
     return {(b, c): chain_copies(least * b * c) for b, c in points}
 
 
+def chained_rq(launch, view, q, kc, vc, ind, idx, dim, loops, copies) -> dict:
+    """The split kernel ``launch`` timed chained (`common.chain_ms`) over ``copies`` copies of the
+    requests' history (request rows ``idx`` shifted by whole batches: the pool holds ``copies x
+    len(idx)`` rows past row 0): ms per call of residual loop 0 and of the anchor loop, and
+    their `common.loop_average`."""
+    tokens = idx.numel()
+    idxs = [idx + i * tokens for i in range(copies)]
+    outs = [torch.empty_like(q) for _ in range(copies)]
+    rq = {}
+    for loop in (0, loops - 1):
+        rq[loop] = chain_ms([
+            lambda i=i, lp=loop: decode_attention(q, kc, vc, view, lp, ind, idxs[i],
+                                                  sm_scale=dim ** -0.5, out=outs[i],
+                                                  launch=launch)
+            for i in range(copies)])
+    return dict(resid_ms=rq[0], anchor_ms=rq[loops - 1], avg_ms=loop_average(rq, loops))
+
+
 def time_chained(launch, view, q, kc, vc, ind, idx, dim, loops, copies, cfg, read_arm,
                  fi=None) -> dict:
     """One point timed chained (`common.chain_ms`): the split kernel ``launch`` over ``copies``
@@ -181,15 +199,9 @@ def time_chained(launch, view, q, kc, vc, ind, idx, dim, loops, copies, cfg, rea
     hkv = kc.shape[1]
     tokens = idx.numel()
     ctx = tokens // b
-    idxs = [idx + i * tokens for i in range(copies)]
-    outs = [torch.empty_like(q) for _ in range(copies)]
-    rq, rd = {}, {}
+    rq = chained_rq(launch, view, q, kc, vc, ind, idx, dim, loops, copies)
+    rd = {}
     for loop in (0, loops - 1):
-        rq[loop] = chain_ms([
-            lambda i=i, lp=loop: decode_attention(q, kc, vc, view, lp, ind, idxs[i],
-                                                  sm_scale=dim ** -0.5, out=outs[i],
-                                                  launch=launch)
-            for i in range(copies)])
         nb = loop_bytes_per_token(cfg, hkv, dim, loops, loop) * tokens
         pitch = -(-nb // 256) * 256
         buf = torch.empty(copies * pitch, dtype=torch.uint8, device=DEV)
@@ -212,7 +224,7 @@ def time_chained(launch, view, q, kc, vc, ind, idx, dim, loops, copies, cfg, rea
     return dict(copies=copies, sdpa_copies=kv_copies, sdpa_ms=sdpa_ms, flashinfer_ms=fi_ms,
                 read=dict(resid_ms=rd[0], anchor_ms=rd[loops - 1], avg_ms=loop_average(rd, loops),
                           arm=read_arm),
-                rq=dict(resid_ms=rq[0], anchor_ms=rq[loops - 1], avg_ms=loop_average(rq, loops)))
+                rq=rq)
 
 
 def time_flashinfer(fi, qs, ks, vs) -> dict:

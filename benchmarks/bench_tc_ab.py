@@ -3,7 +3,7 @@ tree's `csrc/rq_decode_tc.cu` ("new") against the same file at a git revision, o
 (a .cu path, where the checkout has no git directory) ("base"), and any further arms.
 
 ``python benchmarks/bench_tc_ab.py --base REV --out DIR [--arm NAME=REV ...] [--points P,...]
-[--reps N] [--no-step] [--l2-rows N] [--deadline S] [--dry-run]``
+[--reps N] [--no-step] [--chained | --l2-rows N] [--deadline S] [--dry-run]``
 
 ``python benchmarks/bench_tc_ab.py --base REV --profile FAMILY:BxCTX [--profile-arm NAME]``: no
 timing; three calls of residual loop 0 at that point with one arm's source (default ``new``),
@@ -17,11 +17,14 @@ replay, L2 flushed, median; time per layer-loop = (3 x residual loop + anchor lo
 arms' order rotated per rep; ``ratio`` = base time / new time (> 1: new is faster), and with
 further arms (``--arm NAME=REV``, a git revision or .cu file as ``--base``) each row's ``us``
 holds every arm's time. ``--points``: only these points (``FAMILY:BxCTX``, comma-separated).
-Then,
-unless ``--no-step``, `bench_decode_step`'s Ouro-1.4B-shaped step at batch 2 and at the batch a
+Then, unless ``--no-step``, `bench_decode_step`'s Ouro-1.4B-shaped step at batch 2 and at the batch a
 32 GiB KV budget holds (16k context), both arms, same alternation. Writes
 ``DIR/bench_tc_ab.json`` after every point; stops starting new points after ``--deadline``
 seconds.
+
+``--chained``: each point timed chained instead (`bench_decode.chained_rq`: calls back to back
+in one graph over copies of the history, no L2 flush, as the figures of record), the pool
+holding the copies.
 
 ``--l2-rows N``: each family's pool has only N rows, so every request's history wraps onto the
 same rows (`bench_decode.batch_inputs`) and, after the first touch, the reads hit the L2 (4,096
@@ -52,7 +55,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks import bench_decode_step as step  # noqa: E402
-from benchmarks.bench_decode import check, inputs, time_loops  # noqa: E402
+from benchmarks.bench_decode import chain_points, chained_rq, check, inputs, time_loops  # noqa: E402
 from benchmarks.common import DEV, FAMILIES, pool, write_json  # noqa: E402
 from rq_kernels import cuda, decode_attention, decode_tc  # noqa: E402
 from rq_kernels.decode import DecodeLaunch  # noqa: E402
@@ -129,6 +132,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--no-step", action="store_true")
     ap.add_argument("--l2-rows", type=int, help="pool rows per family (L2-resident reads)")
+    ap.add_argument("--chained", action="store_true", help="time chained, not flushed")
     ap.add_argument("--deadline", type=float, default=480.0)
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args()
@@ -141,6 +145,8 @@ def main() -> None:
     except ValueError as e:
         ap.error(str(e))
     arms = {"new": decode_tc.SOURCE, "base": "_ab_base.cu", **{n: f"_ab_{n}.cu" for n in extra}}
+    if a.chained and a.l2_rows:
+        ap.error("--chained and --l2-rows: choose one (chained calls read copies past the L2)")
     if a.profile_arm not in arms:
         ap.error(f"--profile-arm {a.profile_arm}: not one of the arms {list(arms)}")
     sources = {"base": write_arm("base", a.base), **{n: write_arm(n, r) for n, r in extra.items()}}
@@ -152,7 +158,7 @@ def main() -> None:
     res = dict(base=sources["base"], arms=sources, date=time.strftime("%Y-%m-%d"),
                gpu=torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu (dry run)",
                plan={f: [list(p) for p in ps] for f, ps in points.items()},
-               l2_rows=a.l2_rows, checks=[], rows=[], step=[], skipped=[])
+               l2_rows=a.l2_rows, chained=a.chained, checks=[], rows=[], step=[], skipped=[])
     if a.dry_run or DEV != "cuda":
         write_json(res, a.out, "bench_tc_ab.json")
         return
@@ -174,7 +180,9 @@ def main() -> None:
 
     def family(fam, pts):
         hq, hkv, dim = FAMILIES[fam]
-        view = pool(cfg, hkv, dim, a.l2_rows or max(b * c for b, c in pts) + 2, LOOPS)
+        copies = chain_points(cfg, hkv, dim, LOOPS, pts) if a.chained else {p: 1 for p in pts}
+        view = pool(cfg, hkv, dim, a.l2_rows or max(copies[b, c] * b * c for b, c in pts) + 2,
+                    LOOPS)
         for arm, rows in each_arm(0, lambda arm: check(view, hq, hkv, dim, 2, 1024, LOOPS,
                                                        ["tc"])).items():
             res["checks"] += [dict(r, arm=arm, family=fam) for r in rows]
@@ -184,10 +192,16 @@ def main() -> None:
                     res["skipped"].append(f"{fam} {b}x{ctx} rep {rep}")
                     continue
                 q, kc, vc, ind, idx = inputs(view, hq, hkv, dim, b, ctx)
-                us = each_arm(rep, lambda arm: time_loops(launch, view, q, kc, vc, ind, idx,  # noqa: B023
-                                                          dim, LOOPS)[1] * 1e3)
+                if a.chained:
+                    us = each_arm(rep, lambda arm: chained_rq(  # noqa: B023
+                        launch, view, q, kc, vc, ind, idx, dim, LOOPS, copies[b, ctx])["avg_ms"] * 1e3)
+                else:
+                    us = each_arm(rep, lambda arm: time_loops(  # noqa: B023
+                        launch, view, q, kc, vc, ind, idx, dim, LOOPS)[1] * 1e3)
                 row = dict(family=fam, batch=b, ctx=ctx, rep=rep, new_us=us["new"],
                            base_us=us["base"], ratio=us["base"] / us["new"])
+                if a.chained:
+                    row["copies"] = copies[b, ctx]
                 if extra:
                     row["us"] = us
                 res["rows"].append(row)

@@ -55,12 +55,12 @@ def test_base_from_a_file(tmp_path):
 
 
 def test_further_arms_and_points(tmp_path):
-    r = _run(tmp_path, "HEAD", "--arm", "other=HEAD", "--points",
+    r = _run(tmp_path, "HEAD", "--arm", "other=HEAD", "--chained", "--points",
              "huginn-d96:64x8192, ouro-1.4b:2x16384")
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads((tmp_path / "bench_tc_ab.json").read_text())
     assert set(res["arms"]) == {"base", "other"} and res["arms"]["other"] == res["base"]
-    assert res["plan"] == {"huginn-d96": [[64, 8192]], "ouro-1.4b": [[2, 16384]]}
+    assert res["plan"] == {"huginn-d96": [[64, 8192]], "ouro-1.4b": [[2, 16384]]} and res["chained"]
     assert not (ROOT / "rq_kernels" / "csrc" / "_ab_other.cu").exists() and not BASE.exists()
 
 
@@ -71,3 +71,5 @@ def test_bad_points_and_arms_are_named(tmp_path):
     assert r.returncode == 2 and "--arm" in r.stderr
     r = _run(tmp_path, "HEAD", "--profile-arm", "nope")
     assert r.returncode == 2 and "--profile-arm nope" in r.stderr
+    r = _run(tmp_path, "HEAD", "--chained", "--l2-rows", "4096")
+    assert r.returncode == 2 and "--chained and --l2-rows" in r.stderr
