@@ -152,11 +152,17 @@ def stage_bytes(anchor_bits: int, residual_bits: int, head_dim: int, coop: bool 
     return codes if coop else codes + 4 * TILE * 8 + 2 * TILE * 4
 
 
+def so_bytes(head_dim: int, group_size: int) -> int:
+    """(scale, offset) bytes of one (token, KV head) as the kernel copies them (the source's SB):
+    one FP8 pair per quantization group of the `width`."""
+    return 2 * (width(head_dim) // group_size)
+
+
 def coop_small_bytes(head_dim: int, group_size: int) -> int:
     """Shared memory of one stage's (scale, offset) rows and coefficients of a CTA's `WARPS` KV
     heads where their warps copy them together (`coop_copies`; the source's SMALL_BYTES under
     COOP): 4 kinds x 16 tokens x WARPS rows of 2 bytes per group, 2 x 16 x WARPS bf16."""
-    return 4 * TILE * WARPS * 2 * (width(head_dim) // group_size) + 2 * TILE * WARPS * 2
+    return 4 * TILE * WARPS * so_bytes(head_dim, group_size) + 2 * TILE * WARPS * 2
 
 
 def coop_copies(view: CompressedLayerView, loop_id: int) -> bool:
@@ -177,14 +183,14 @@ def coop_shape(num_kv_heads: int, head_dim: int, group_size: int) -> bool:
     """The shape's part of `coop_copies`: the KV heads fill whole CTAs of `WARPS`, head_dim is not
     96, and a CTA's (scale, offset) bytes per token are whole 16-byte chunks. The pool's strides
     and alignment decide the rest (`coop_copies`)."""
-    sb = 2 * (width(head_dim) // group_size)  # (scale, offset) bytes per (token, head)
-    return head_dim != 96 and num_kv_heads % WARPS == 0 and WARPS * sb % 16 == 0
+    return (head_dim != 96 and num_kv_heads % WARPS == 0
+            and WARPS * so_bytes(head_dim, group_size) % 16 == 0)
 
 
 def _coop_copies(view: CompressedLayerView, loop_id: int) -> bool:
     _, aso, _, rso, cf, _, _ = _loop_tensors(view, loop_id)
     hd = view.head_dim
-    sb = 2 * (width(hd) // view.cfg.group_size)  # (scale, offset) bytes per (token, head)
+    sb = so_bytes(hd, view.cfg.group_size)
     if not coop_shape(aso.shape[2], hd, view.cfg.group_size):
         return False
     for t in (aso, rso):
