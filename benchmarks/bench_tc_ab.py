@@ -18,7 +18,7 @@ arms' order rotated per rep; ``ratio`` = base time / new time (> 1: new is faste
 further arms (``--arm NAME=REV``, a git revision or .cu file as ``--base``) each row's ``us``
 holds every arm's time. ``--points``: only these points (``FAMILY:BxCTX``, comma-separated).
 Then, unless ``--no-step``, `bench_decode_step`'s Ouro-1.4B-shaped step at batch 2 and at the batch a
-32 GiB KV budget holds (16k context), both arms, same alternation. Writes
+32 GiB KV budget holds (16k context), every arm, same rotation. Writes
 ``DIR/bench_tc_ab.json`` after every point; stops starting new points after ``--deadline``
 seconds.
 
@@ -34,7 +34,7 @@ the loop's issue- and latency-bound speed-up, an upper bound on what an instruct
 where HBM is faster (an H200 against an H100). The step is skipped.
 
 The kernel is loaded by file name (`rq_kernels.decode_tc.SOURCE`), so each other arm's source is
-written next to it as ``_ab_NAME.cu`` and removed at exit. Both arms run with the working
+written next to it as ``_ab_NAME.cu`` and removed at exit. Every arm runs with the working
 tree's host side (`decode_tc`: its compile-time defines, e.g. ``KINT``, occupancy shapes and
 split plan), so a base must accept them: an A/B of kernel sources, not of launchers. ``--dry-run`` (CPU): writes that
 file, records the plan and removes it; no kernel runs (the tc kernel needs a GPU).

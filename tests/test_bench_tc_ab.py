@@ -55,11 +55,13 @@ def test_base_from_a_file(tmp_path):
 
 
 def test_further_arms_and_points(tmp_path):
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout.strip()
     r = _run(tmp_path, "HEAD", "--arm", "other=HEAD", "--chained", "--points",
              "huginn-d96:64x8192, ouro-1.4b:2x16384")
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads((tmp_path / "bench_tc_ab.json").read_text())
-    assert set(res["arms"]) == {"base", "other"} and res["arms"]["other"] == res["base"]
+    assert res["arms"] == {"base": head, "other": head}
     assert res["plan"] == {"huginn-d96": [[64, 8192]], "ouro-1.4b": [[2, 16384]]} and res["chained"]
     assert not (ROOT / "rq_kernels" / "csrc" / "_ab_other.cu").exists() and not BASE.exists()
 
