@@ -214,13 +214,16 @@ def compile_cuda(tools: str, cases: list[str], source: str | None = None) -> lis
     """The CUDA tensor-core decode kernel's variants of the default format for each case's shape
     (head_dim, query heads per KV head): compiled for sm_90 as `rq_kernels.cuda` would (nvcc,
     else NVRTC), read with ``cuobjdump`` from ``tools``. ``source``: a .cu file to compile
-    instead of the checkout's kernel. COOP as served (`decode_tc.coop_shape`; the pool's
-    alignment conditions, which the served pool meets, aside). Codes per thread per loop
+    instead of the checkout's kernel. COOP and STREAM as served (`decode_tc.coop_shape`,
+    `decode_tc.stream_shape`; the pool's alignment conditions, which the served pool meets,
+    aside). Codes per thread per loop
     iteration: 16 tokens x subtiles x head_dim x (K, V) x (anchor, residual) / 32 lanes
     (head_dim 96 runs 128 wide)."""
     sys.path.insert(0, ROOT)
     from rq_kernels import cuda
-    from rq_kernels.decode_tc import KERNEL, OCCUPANCY, SOURCE, WARPS, coop_shape, integer_k
+    from rq_kernels.decode_tc import (
+        KERNEL, OCCUPANCY, SOURCE, WARPS, coop_shape, integer_k, stream_shape,
+    )
 
     text = Path(source).read_text() if source else (cuda.CSRC / SOURCE).read_text()
     rows = []
@@ -233,6 +236,7 @@ def compile_cuda(tools: str, cases: list[str], source: str | None = None) -> lis
                            HAS_COEF=coef, WARPS=WARPS, KINT=int(int_k), MINB=occ.ctas_per_sm,
                            STAGES=occ.stages, SUBT=occ.subtiles,
                            COOP=int(coop_shape(hkv, dim, 32)))
+            defines["STREAM"] = int(stream_shape(dim, (4, r_bits), bool(defines["COOP"])))
             cubin = cuda._compile(text, SOURCE, defines, "sm_90")  # noqa: SLF001 - same cache
             rows.append(dict(case=case, path=path, kernel=KERNEL, options=defines,
                              source=source or f"rq_kernels/csrc/{SOURCE}",

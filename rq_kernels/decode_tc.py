@@ -201,6 +201,46 @@ def _coop_copies(view: CompressedLayerView, loop_id: int) -> bool:
                           and not any(x * cf.element_size() % 8 for x in cf.stride()[:2]))
 
 
+L2_LINE = 128  # bytes of an L2 cache line (sm_80, sm_90)
+
+
+def stream_shape(head_dim: int, bits: tuple[int, ...], coop: bool) -> bool:
+    """The shape's part of `stream_codes`: under COOP (`coop_copies`: a CTA's `WARPS` warps are
+    adjacent KV heads of one split) a CTA's codes of each kind in ``bits`` (0: none) span whole
+    `L2_LINE` lines of a token row. The pool's strides and alignment decide the rest."""
+    return coop and all(WARPS * head_dim * b // 8 % L2_LINE == 0 for b in bits)
+
+
+def stream_codes(view: CompressedLayerView, loop_id: int) -> bool:
+    """Whether the split kernel copies the codes with an L2 evict_first policy (the source's
+    STREAM): where no two CTAs read one code line, so a line is dead once its CTA has copied it:
+    `stream_shape`, and the code tensors' token rows, K-to-V offsets and bases `L2_LINE`-aligned
+    with the heads side by side (token-major). Ouro-1.4B's pool (16 KV heads, head_dim 128, 4-
+    and 2-bit codes) meets it. Where CTAs share lines (Huginn's head_dim 96: 192 bytes of a
+    CTA's 4-bit codes per row), evict_first made the L2 fetch them again: 0.68x at Huginn 64 x 8k,
+    where Ouro ran 1.015-1.07x from 1 x 8k to 64 x 8k (H100, chained;
+    ``benchmarks/results/h100_2026-12-05f_first_ab.json``). Decided once per (view, loop) and
+    kept in ``view.launch_cache``."""
+    key = ("stream", loop_id)
+    if key not in view.launch_cache:
+        view.launch_cache[key] = _stream_codes(view, loop_id)
+    return view.launch_cache[key]
+
+
+def _stream_codes(view: CompressedLayerView, loop_id: int) -> bool:
+    ac, _, rc, _, _, a_bits, r_bits = _loop_tensors(view, loop_id)
+    if not stream_shape(view.head_dim, (a_bits, r_bits), coop_copies(view, loop_id)):
+        return False
+    for t, bits in ((ac, a_bits), (rc, r_bits)):
+        if t is None:
+            continue
+        es = t.element_size()
+        if (t.stride(2) * es != view.head_dim * bits // 8 or t.data_ptr() % L2_LINE
+                or any(x * es % L2_LINE for x in t.stride()[:2])):
+            return False
+    return True
+
+
 def code_chunk(head_dim: int, bits: int) -> int:
     """Bytes of one cp.async of a (token, head)'s codes (the source's `code_chunk`): 16 where the
     head_dim x bits / 8 code bytes are a multiple of 16, else 8 (head_dim 96 at 2 bits: 24)."""
@@ -387,7 +427,8 @@ def _variant(view: CompressedLayerView, loop_id: int, group: int,
                    GS=view.cfg.group_size, GQ=group, HAS_COEF=int(cf is not None), WARPS=WARPS,
                    KINT=int(integer_k(group, view.head_dim, view.cfg.group_size)),
                    MINB=occupancy.ctas_per_sm, STAGES=occupancy.stages,
-                   SUBT=occupancy.subtiles, COOP=int(coop))
+                   SUBT=occupancy.subtiles, COOP=int(coop),
+                   STREAM=int(stream_codes(view, loop_id)))
     small = occupancy.stages * coop_small_bytes(view.head_dim, view.cfg.group_size) if coop else 0
     return defines, WARPS * occupancy.stages * stage_bytes(a_bits, r_bits, view.head_dim,
                                                            coop) + small

@@ -410,6 +410,13 @@ struct Args {
 #ifndef COOP
 #define COOP 0
 #endif
+// STREAM (from the launcher, `decode_tc.stream_codes`; COOP only): the codes are copied with an
+// L2 evict_first policy (`l2_stream`), where each CTA's codes of a token row are whole 128-byte
+// lines that no other CTA reads, so a line is dead once the CTA has copied it. See cp_async_n.
+#ifndef STREAM
+#define STREAM 0
+#endif
+static_assert(!STREAM || COOP, "STREAM: the CTA's warps are adjacent KV heads (COOP)");
 #if COOP
 #define SO_PITCH (WARPS * SB)
 #define CF_PITCH (WARPS * 2)
@@ -439,20 +446,23 @@ template <int BITS> __host__ __device__ constexpr int code_chunk() { return code
 // and the next CTA read in the same call. Same lease against no hint
 // (`benchmarks/results/h200_2026-12-03g_prefetch_ab.json`): Ouro batch 1-4 1.02-1.03x, Huginn
 // 4 x 8k 1.01x, batch 13-64 1.00x; .L2::256B the same.
-// KEEP: the copy carries an L2 cache policy (`l2_keep`: evict_last), as the (scale, offset) rows
-// and coefficients do (issue_tile). A token's small data of all KV heads shares a few 128-byte
+// HINT: the copy carries the L2 cache policy `policy`. The (scale, offset) rows and coefficients
+// carry `l2_keep` (evict_last; issue_tile). A token's small data of all KV heads shares a few 128-byte
 // lines, read by every CTA of the split (6 at Huginn's 24 heads without COOP): normal eviction
 // lost some of them between the first CTA's read and the last one's once the loop waited on
 // memory rather than on its instructions, Huginn 64 x 8k moving 2.52 GB from DRAM for 2.16 GB
 // of data; kept, 2.26 GB and 0.96x the time (H200, Nsight; main 2.22 GB). Codes kept normal:
 // evict_first on them cost 0.74-0.88x there (its shared boundary lines, 3.94 GB)
-// (`benchmarks/results/h200_2026-12-05e_cut_arms_ab.json`).
-template <int BYTES, bool KEEP = false>
+// (`benchmarks/results/h200_2026-12-05e_cut_arms_ab.json`). Where no CTA shares a code line
+// (STREAM: Ouro), the codes carry `l2_stream` (evict_first): chained, on an H100, Ouro 1 x 8k to
+// 64 x 8k 1.015-1.07x against normal eviction, the step at batch 13 1.01x, batch 2 1.00x
+// (`benchmarks/results/h100_2026-12-05f_first_ab.json`); Huginn's shared lines 0.68x.
+template <int BYTES, bool HINT = false>
 __device__ __forceinline__ void cp_async_n(uint32_t dst, const void* src, uint64_t policy = 0) {
-  if constexpr (KEEP && BYTES == 16)
+  if constexpr (HINT && BYTES == 16)
     asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst),
                  "l"(src), "l"(policy));
-  else if constexpr (KEEP)
+  else if constexpr (HINT)
     asm volatile("cp.async.ca.shared.global.L2::cache_hint.L2::128B [%0], [%1], %2, %3;\n" ::"r"(dst),
                  "l"(src), "n"(BYTES), "l"(policy));
   else if constexpr (BYTES == 16)
@@ -461,14 +471,24 @@ __device__ __forceinline__ void cp_async_n(uint32_t dst, const void* src, uint64
     asm volatile("cp.async.ca.shared.global.L2::128B [%0], [%1], %2;\n" ::"r"(dst), "l"(src),
                  "n"(BYTES));
 }
-// The L2 policy of KEEP copies: evict_last for all their lines (0 off the device).
+// The L2 policies of HINT copies: evict_last (the small copies) and evict_first (the codes,
+// STREAM) for all their lines. Off the device, 1 and 2: tokens the host copy test reads.
 __host__ __device__ __forceinline__ uint64_t l2_keep() {
 #ifdef __CUDA_ARCH__
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
   return policy;
 #else
-  return 0;
+  return 1;
+#endif
+}
+__host__ __device__ __forceinline__ uint64_t l2_stream() {
+#ifdef __CUDA_ARCH__
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+#else
+  return 2;
 #endif
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -539,12 +559,14 @@ struct Copies {
   bool cf_on;
 #endif
   uint64_t keep;                         // the small copies' L2 policy (l2_keep)
+  uint64_t stream;                       // the codes' (STREAM: l2_stream)
 };
 
 // warp: this warp's index in the CTA (COOP: hk - warp is the CTA's first KV head).
 __host__ __device__ __forceinline__ Copies copy_setup(const Args& A, int hk, int warp, int lane) {
   Copies c;
   c.keep = l2_keep();
+  c.stream = STREAM ? l2_stream() : 0;
   using MA = CodeMap<A_BITS>;
   const uint8_t* ac = A.ac + hk * A.ac_h + MA::chunk(lane) * MA::CB;
   c.ak = ac;
@@ -600,17 +622,18 @@ __host__ __device__ __forceinline__ Copies copy_setup(const Args& A, int hk, int
   return c;
 }
 
-// One kind's codes (CodeMap) of row slot (round 0) and s1 (round 1, chunk-fastest).
+// One kind's codes (CodeMap) of row slot (round 0) and s1 (round 1, chunk-fastest), with the L2
+// policy the codes carry (STREAM).
 template <int BITS, int PITCH> __device__ __forceinline__ void issue_codes(
     const uint8_t* k, const uint8_t* v, uint32_t stride, uint32_t dk, uint32_t dv, int lane,
-    uint32_t s0, uint32_t s1) {
+    uint32_t s0, uint32_t s1, uint64_t policy) {
   using M = CodeMap<BITS>;
   if (M::CHUNKS == 4 || M::CHUNKS == 2 || M::on(lane)) {
-    cp_async_n<M::CB>(dk, row_ptr(k, s0, stride));
-    cp_async_n<M::CB>(dv, row_ptr(v, s0, stride));
+    cp_async_n<M::CB, STREAM>(dk, row_ptr(k, s0, stride), policy);
+    cp_async_n<M::CB, STREAM>(dv, row_ptr(v, s0, stride), policy);
     if constexpr (M::ROUNDS) {
-      cp_async_n<M::CB>(dk + 8 * PITCH, row_ptr(k, s1, stride));
-      cp_async_n<M::CB>(dv + 8 * PITCH, row_ptr(v, s1, stride));
+      cp_async_n<M::CB, STREAM>(dk + 8 * PITCH, row_ptr(k, s1, stride), policy);
+      cp_async_n<M::CB, STREAM>(dv + 8 * PITCH, row_ptr(v, s1, stride), policy);
     }
   }
 }
@@ -630,13 +653,13 @@ __device__ __forceinline__ void issue_tile(const Args& A, const Copies& c, uint3
   {
     using MA = CodeMap<A_BITS>;
     issue_codes<A_BITS, BA>(c.ak, c.av, (uint32_t)A.ac_r, st + c.a_dst, st + OFF_VA + c.a_dst,
-                            lane, MA::ROUNDS ? s0 : slot, s1);
+                            lane, MA::ROUNDS ? s0 : slot, s1, c.stream);
   }
 #if R_BITS > 0
   {
     using MR = CodeMap<R_BITS>;
     issue_codes<R_BITS, BR>(c.rk, c.rv, (uint32_t)A.rc_r, st + OFF_KR + c.r_dst,
-                            st + OFF_VR + c.r_dst, lane, MR::ROUNDS ? s0 : slot, s1);
+                            st + OFF_VR + c.r_dst, lane, MR::ROUNDS ? s0 : slot, s1, c.stream);
   }
 #endif
   if (c.so_on) {

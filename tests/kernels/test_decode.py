@@ -17,6 +17,8 @@ with floor = one bf16 ulp of max|ref| for the max error (the kernel's output is 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from attn_cases import build, history, queries, signed_hadamard
@@ -198,6 +200,32 @@ def test_coop_copies_where_heads_fill_ctas_of_token_major_rows():
     assert coop(4, 128) and coop(16, 128) and coop(8, 64) and coop(4, 128, loop=3)
     assert not coop(2, 128) and not coop(3, 64) and not coop(4, 96) and not coop(6, 128)
     assert not coop(4, 128, head_major=True)
+
+
+def _line_aligned(t: torch.Tensor, shift: int = 0) -> torch.Tensor:
+    """A copy of ``t`` (contiguous) whose data starts ``shift`` bytes past a 128-byte boundary."""
+    flat = torch.zeros(t.numel() * t.element_size() + 256, dtype=torch.uint8)
+    at = (-flat.data_ptr()) % 128 + shift
+    out = flat[at:at + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+    return out.copy_(t)
+
+
+def test_stream_codes_where_no_two_ctas_share_a_code_line():
+    """The codes' evict_first copies (`decode_tc.stream_codes`) are taken where a CTA's 4 adjacent
+    KV heads' codes of a token row are whole 128-byte lines (4 x 128 x 4 / 8 = 256 bytes of
+    anchor, 4 x 128 x 2 / 8 = 128 of residual), in 128-byte-aligned tensors; not for 2-bit codes
+    at head_dim 64 (4 x 16 = 64 bytes), at head_dim 96 (no COOP), nor off a line boundary."""
+    def stream(hkv, dim, loop=0, shift=0, head_major=False):
+        view, *_ = build(RQConfig(), loops=4, num_kv_heads=hkv, group=1, dim=dim, lens=[3],
+                         rot="cfg", device="cpu", seed=1, head_major=head_major)
+        if not head_major:
+            view = dataclasses.replace(view, codes=[_line_aligned(c, shift) for c in view.codes])
+        return decode_tc.stream_codes(view, loop)
+    assert stream(16, 128) and stream(4, 128) and stream(4, 128, loop=3)
+    assert stream(8, 64, loop=3)  # anchor only: 4 x 64 x 4 / 8 = 128 bytes
+    assert not stream(8, 64, loop=0)  # its 2-bit residual: 64 bytes
+    assert not stream(4, 128, shift=64) and not stream(24, 96) and not stream(3, 64)
+    assert not stream(4, 128, head_major=True)
 
 
 @pytest.mark.gpu

@@ -10,7 +10,8 @@ what the stage layout says each stage holds (`decode_tc.stage_bytes` and `coop_s
 the mirrors of the source's macros): the codes of every token of the tile at its pitch, the
 (scale, offset) rows at the offset the kernel reads them from (head_dim 96: the pool row's
 address mod 4), the LSQ coefficients where `coef_of` reads them; no shared byte twice from
-different sources, and no global read outside the tile's own pool rows. This covers the
+different sources, and no global read outside the tile's own pool rows; the L2 policy each copy carries (the small
+data evict_last, the codes evict_first where `decode_tc.stream_shape` holds). This covers the
 address arithmetic a restructuring of the copies is most likely to break, which the GPU tests
 catch only where a GPU is lent. Skipped where no C++ compiler is installed.
 """
@@ -27,7 +28,7 @@ import pytest
 
 from rq_kernels import cuda
 from rq_kernels.decode_tc import (
-    OCCUPANCY, SOURCE, TILE, WARPS, coop_small_bytes, integer_k, stage_bytes, width,
+    OCCUPANCY, SOURCE, TILE, WARPS, coop_small_bytes, integer_k, stage_bytes, stream_shape, width,
 )
 
 CXX = shutil.which("c++") or shutil.which("g++")
@@ -70,7 +71,7 @@ inline uint32_t __cvta_generic_to_shared(const void* p) { return (uint32_t)(uint
 // the tile: token i's pool row, and the lane whose copies run
 static uint64_t g_slot[16];
 static int g_lane;
-struct Rec { uint32_t dst; uint64_t src; int bytes; int keep; };
+struct Rec { uint32_t dst; uint64_t src; int bytes; int policy; };
 static std::vector<Rec> g_rec;
 // the copy code shuffles only the lanes' slots (lane l holds token l & 15's)
 template <class T> T __shfl_sync(unsigned, T v, int src) {
@@ -113,7 +114,7 @@ int main(int argc, char** argv) {
     }
   }
   for (const Rec& r : g_rec)
-    printf("%u %llu %d %d\n", r.dst, (unsigned long long)r.src, r.bytes, r.keep);
+    printf("%u %llu %d %d\n", r.dst, (unsigned long long)r.src, r.bytes, r.policy);
 }
 """
 
@@ -122,10 +123,11 @@ def _copy_code(text: str) -> str:
     """The source before the kernel, with cp.async recording its copies."""
     text = text[text.index("// Programmatic dependent launch"):text.index('extern "C" __global__')]
     text, n = re.subn(
-        r"template <int BYTES, bool KEEP = false>\n__device__ __forceinline__ void cp_async_n\("
+        r"template <int BYTES, bool HINT = false>\n__device__ __forceinline__ void cp_async_n\("
         r"uint32_t dst, const void\* src, uint64_t policy = 0\) \{.*?\n\}",
-        "template <int BYTES, bool KEEP = false> inline void cp_async_n(uint32_t dst, const void* src, "
-        "uint64_t policy = 0) { g_rec.push_back({dst, (uint64_t)(uintptr_t)src, BYTES, KEEP}); }",
+        "template <int BYTES, bool HINT = false> inline void cp_async_n(uint32_t dst, const void* src, "
+        "uint64_t policy = 0) { g_rec.push_back({dst, (uint64_t)(uintptr_t)src, BYTES, "
+        "HINT ? (int)policy : 0}); }",
         text, flags=re.S)
     assert n == 1, "cp_async_n not found in the source: keep the shim in step"
     return text
@@ -238,7 +240,7 @@ def test_tile_copies_deliver_the_stage_layout(fmt, shape, tmp_path_factory):
     occ = OCCUPANCY[kint][shape]  # the launcher's shapes (CTAs per SM, stages, tiles per step)
     d = dict(HEAD_DIM=hd, A_BITS=a, R_BITS=r, GS=gs, GQ=gq, HAS_COEF=coef, WARPS=WARPS,
              KINT=int(kint), MINB=occ.ctas_per_sm, STAGES=occ.stages, SUBT=occ.subtiles,
-             COOP=coop)
+             COOP=coop, STREAM=int(stream_shape(hd, (a, r), bool(coop))))
     exe = _build(d, str(tmp_path_factory.getbasetemp()))
     heads = 4 * WARPS if coop else 4 * WARPS + 1
     pool = Pool(hd, gs, a, r, heads, bool(coop))
@@ -249,13 +251,16 @@ def test_tile_copies_deliver_the_stage_layout(fmt, shape, tmp_path_factory):
                           *map(str, slots)], capture_output=True, text=True, check=True).stdout
     got: dict[int, int] = {}
     rows = {name: [pool.row(name, s) for s in slots] for name in ("ac", "aso", "rc", "rso", "cf")}
-    kept = {name: False for name in ("ac", "rc")} | {name: True for name in ("aso", "rso", "cf")}
+    # the L2 policy each tensor's copies carry, as the host stand-ins of l2_keep and l2_stream
+    # give them: the small data (scale, offset rows, coefficients) evict_last (1); the codes
+    # evict_first (2) under STREAM, else none (0)
+    policy = ({name: 2 * d["STREAM"] for name in ("ac", "rc")}
+              | {name: 1 for name in ("aso", "rso", "cf")})
     for line in out.splitlines():
-        dst, src, n, keep = map(int, line.split())
-        # the small data (scale, offset rows, coefficients) with the L2 policy, codes without
-        assert [kept[name] for name, rr in rows.items()
-                if any(lo <= src < hi for lo, hi in rr)] == [bool(keep)], (
-            f"copy from {src:#x}: L2 policy {keep}")
+        dst, src, n, pol = map(int, line.split())
+        assert [policy[name] for name, rr in rows.items()
+                if any(lo <= src < hi for lo, hi in rr)] == [pol], (
+            f"copy from {src:#x}: L2 policy {pol}")
         assert src % n == 0 and dst % n == 0, f"cp.async of {n} bytes {src:#x} -> {dst:#x}: unaligned"
         assert any(lo <= src and src + n <= hi for rr in rows.values() for lo, hi in rr), (
             f"copy of {n} bytes from {src:#x}: outside the tile's pool rows")
