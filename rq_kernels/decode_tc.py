@@ -217,9 +217,10 @@ def stream_codes(view: CompressedLayerView, loop_id: int) -> bool:
     `stream_shape`, and the code tensors' token rows, K-to-V offsets and bases `L2_LINE`-aligned
     with the heads side by side (token-major). Ouro-1.4B's pool (16 KV heads, head_dim 128, 4-
     and 2-bit codes) meets it. Where CTAs share lines (Huginn's head_dim 96: 192 bytes of a
-    CTA's 4-bit codes per row), evict_first made the L2 fetch them again: 0.68x at Huginn 64 x 8k,
-    where Ouro ran 1.015-1.07x from 1 x 8k to 64 x 8k (H100, chained;
-    ``benchmarks/results/h100_2026-12-05f_first_ab.json``). Decided once per (view, loop) and
+    CTA's 4-bit codes per row), evict_first made the L2 fetch them again: 0.67x at Huginn 64 x 8k
+    (``benchmarks/results/h100_2026-12-05f_first_ab.json``), where Ouro runs 1.015-1.07x from
+    1 x 8k to 64 x 8k against normal eviction (H100, chained;
+    ``benchmarks/results/h100_2026-12-05f_stream_ab.json``). Decided once per (view, loop) and
     kept in ``view.launch_cache``."""
     key = ("stream", loop_id)
     if key not in view.launch_cache:

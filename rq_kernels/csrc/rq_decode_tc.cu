@@ -455,8 +455,9 @@ template <int BITS> __host__ __device__ constexpr int code_chunk() { return code
 // evict_first on them cost 0.74-0.88x there (its shared boundary lines, 3.94 GB)
 // (`benchmarks/results/h200_2026-12-05e_cut_arms_ab.json`). Where no CTA shares a code line
 // (STREAM: Ouro), the codes carry `l2_stream` (evict_first): chained, on an H100, Ouro 1 x 8k to
-// 64 x 8k 1.015-1.07x against normal eviction, the step at batch 13 1.01x, batch 2 1.00x
-// (`benchmarks/results/h100_2026-12-05f_first_ab.json`); Huginn's shared lines 0.68x.
+// 64 x 8k 1.015-1.07x against normal eviction (4 x 32k 1.00x), the step at batch 13 1.01x, batch
+// 2 1.00x (`benchmarks/results/h100_2026-12-05f_stream_ab.json`); where CTAs share code lines
+// (Huginn) 0.67x at 64 x 8k (`…/h100_2026-12-05f_first_ab.json`).
 template <int BYTES, bool HINT = false>
 __device__ __forceinline__ void cp_async_n(uint32_t dst, const void* src, uint64_t policy = 0) {
   if constexpr (HINT && BYTES == 16)

@@ -15,7 +15,7 @@ import pytest
 from rq_kernels import cuda
 from rq_kernels.decode_tc import (
     HEAD_DIMS, OCCUPANCY, SOURCE, WARPS, _Args, coop_small_bytes, integer_k, stage_bytes,
-    tc_occupancy, tc_plan, width,
+    stream_shape, tc_occupancy, tc_plan, width,
 )
 
 TEXT = (cuda.CSRC / SOURCE).read_text()
@@ -77,7 +77,8 @@ def test_stage_bytes_mirror_matches_the_cuda_source():
 
 
 VARIANTS = [dict(HEAD_DIM=hd, A_BITS=a, R_BITS=r, GS=gs, GQ=gq, HAS_COEF=coef, WARPS=WARPS,
-                 KINT=int(integer_k(gq, hd, gs)), MINB=minb, STAGES=stages, SUBT=subt, COOP=coop)
+                 KINT=int(integer_k(gq, hd, gs)), MINB=minb, STAGES=stages, SUBT=subt, COOP=coop,
+                 STREAM=int(stream_shape(hd, (a, r), bool(coop))))
             for hd, a, r, gs, gq, coef, coop in itertools.product(
                 HEAD_DIMS, (2, 4), (0, 2, 4), (32, 64), (1, 2, 3, 4), (0, 1), (0, 1))
             for minb, stages, subt in OCCUPANCY[integer_k(gq, hd, gs)]
@@ -96,12 +97,13 @@ def test_the_variants_cover_every_head_dim():
     assert {d["HEAD_DIM"] for d in VARIANTS[::5]} == set(HEAD_DIMS)
     assert len(SHAPES) == 3 * 2 * 2  # (wide, narrow) shape each
     assert {d["KINT"] for d in SHAPES} == {0, 1}
+    assert {d["STREAM"] for d in VARIANTS[::5] + SHAPES} == {0, 1}
 
 
 @pytest.mark.skipif(cuda.nvrtc_path() is None, reason="libnvrtc not installed")
 @pytest.mark.parametrize(
     "defines", VARIANTS[::5] + [VARIANTS[-1]] + SHAPES,
-    ids=lambda d: "d{HEAD_DIM}a{A_BITS}r{R_BITS}g{GS}q{GQ}c{HAS_COEF}k{KINT}m{MINB}t{SUBT}o{COOP}".format(
+    ids=lambda d: "d{HEAD_DIM}a{A_BITS}r{R_BITS}g{GS}q{GQ}c{HAS_COEF}k{KINT}m{MINB}t{SUBT}o{COOP}s{STREAM}".format(
         **d))
 def test_every_requested_variant_compiles(defines):
     cubin = cuda.compile_nvrtc(TEXT, SOURCE, defines, "sm_90")
