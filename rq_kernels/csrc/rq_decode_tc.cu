@@ -411,7 +411,7 @@ struct Args {
 #define COOP 0
 #endif
 // STREAM (from the launcher, `decode_tc.stream_codes`; COOP only): the codes are copied with an
-// L2 evict_first policy (`l2_stream`), where each CTA's codes of a token row are whole 128-byte
+// L2 evict_first policy (`l2_policy`), where each CTA's codes of a token row are whole 128-byte
 // lines that no other CTA reads, so a line is dead once the CTA has copied it. See cp_async_n.
 #ifndef STREAM
 #define STREAM 0
@@ -447,14 +447,14 @@ template <int BITS> __host__ __device__ constexpr int code_chunk() { return code
 // (`benchmarks/results/h200_2026-12-03g_prefetch_ab.json`): Ouro batch 1-4 1.02-1.03x, Huginn
 // 4 x 8k 1.01x, batch 13-64 1.00x; .L2::256B the same.
 // HINT: the copy carries the L2 cache policy `policy`. The (scale, offset) rows and coefficients
-// carry `l2_keep` (evict_last; issue_tile). A token's small data of all KV heads shares a few 128-byte
+// carry evict_last (`l2_policy`; issue_tile). A token's small data of all KV heads shares a few 128-byte
 // lines, read by every CTA of the split (6 at Huginn's 24 heads without COOP): normal eviction
 // lost some of them between the first CTA's read and the last one's once the loop waited on
 // memory rather than on its instructions, Huginn 64 x 8k moving 2.52 GB from DRAM for 2.16 GB
 // of data; kept, 2.26 GB and 0.96x the time (H200, Nsight; main 2.22 GB). Codes kept normal:
 // evict_first on them cost 0.74-0.88x there (its shared boundary lines, 3.94 GB)
 // (`benchmarks/results/h200_2026-12-05e_cut_arms_ab.json`). Where no CTA shares a code line
-// (STREAM: Ouro), the codes carry `l2_stream` (evict_first): chained, on an H100, Ouro 1 x 8k to
+// (STREAM: Ouro), the codes carry evict_first: chained, on an H100, Ouro 1 x 8k to
 // 64 x 8k 1.015-1.07x against normal eviction (4 x 32k 1.00x), the step at batch 13 1.01x, batch
 // 2 1.00x (`benchmarks/results/h100_2026-12-05f_stream_ab.json`); where CTAs share code lines
 // (Huginn) 0.67x at 64 x 8k (`…/h100_2026-12-05f_first_ab.json`).
@@ -472,24 +472,19 @@ __device__ __forceinline__ void cp_async_n(uint32_t dst, const void* src, uint64
     asm volatile("cp.async.ca.shared.global.L2::128B [%0], [%1], %2;\n" ::"r"(dst), "l"(src),
                  "n"(BYTES));
 }
-// The L2 policies of HINT copies: evict_last (the small copies) and evict_first (the codes,
-// STREAM) for all their lines. Off the device, 1 and 2: tokens the host copy test reads.
-__host__ __device__ __forceinline__ uint64_t l2_keep() {
+// The L2 policies of HINT copies, for all their lines: evict_last (`l2_policy<false>`, the small
+// copies) and evict_first (`l2_policy<true>`, the codes under STREAM). Off the device, 1 and 2:
+// tokens the host copy test reads.
+template <bool FIRST> __host__ __device__ __forceinline__ uint64_t l2_policy() {
 #ifdef __CUDA_ARCH__
   uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+  if constexpr (FIRST)
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  else
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
   return policy;
 #else
-  return 1;
-#endif
-}
-__host__ __device__ __forceinline__ uint64_t l2_stream() {
-#ifdef __CUDA_ARCH__
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-#else
-  return 2;
+  return FIRST ? 2 : 1;
 #endif
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -559,15 +554,15 @@ struct Copies {
   uint32_t cf_dst;                       // + sm
   bool cf_on;
 #endif
-  uint64_t keep;                         // the small copies' L2 policy (l2_keep)
-  uint64_t stream;                       // the codes' (STREAM: l2_stream)
+  uint64_t keep;                         // the small copies' L2 policy (evict_last)
+  uint64_t stream;                       // the codes' (STREAM: evict_first)
 };
 
 // warp: this warp's index in the CTA (COOP: hk - warp is the CTA's first KV head).
 __host__ __device__ __forceinline__ Copies copy_setup(const Args& A, int hk, int warp, int lane) {
   Copies c;
-  c.keep = l2_keep();
-  c.stream = STREAM ? l2_stream() : 0;
+  c.keep = l2_policy<false>();
+  c.stream = STREAM ? l2_policy<true>() : 0;
   using MA = CodeMap<A_BITS>;
   const uint8_t* ac = A.ac + hk * A.ac_h + MA::chunk(lane) * MA::CB;
   c.ak = ac;

@@ -251,9 +251,9 @@ def test_tile_copies_deliver_the_stage_layout(fmt, shape, tmp_path_factory):
                           *map(str, slots)], capture_output=True, text=True, check=True).stdout
     got: dict[int, int] = {}
     rows = {name: [pool.row(name, s) for s in slots] for name in ("ac", "aso", "rc", "rso", "cf")}
-    # the L2 policy each tensor's copies carry, as the host stand-ins of l2_keep and l2_stream
-    # give them: the small data (scale, offset rows, coefficients) evict_last (1); the codes
-    # evict_first (2) under STREAM, else none (0)
+    # the L2 policy each tensor's copies carry, as the host stand-in of l2_policy gives them:
+    # the small data (scale, offset rows, coefficients) evict_last (1); the codes evict_first
+    # (2) under STREAM, else none (0)
     policy = ({name: 2 * d["STREAM"] for name in ("ac", "rc")}
               | {name: 1 for name in ("aso", "rso", "cf")})
     for line in out.splitlines():
