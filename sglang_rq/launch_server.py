@@ -76,8 +76,8 @@ _IGNORED_WHEN_DISABLED = _format_flags() | {"--rq-staging-tokens"}
 
 def check_serving_values(ours: argparse.Namespace) -> None:
     """Refuse a serving flag's value that would otherwise be ignored or misread: a KV budget,
-    staging size, canary interval or recurrence count given as zero or below, or a KV budget
-    above this machine's memory (CUDA: device 0's; CPU: physical RAM). The exact room left for
+    staging size, canary interval or recurrence count given as zero or below, a canary file that
+    does not exist (readiness would never pass), or a KV budget above this machine's memory (CUDA: device 0's; CPU: physical RAM). The exact room left for
     the KV cache is only known once the weights are loaded (the scheduler's check).
 
     Raises
@@ -92,6 +92,10 @@ def check_serving_values(ours: argparse.Namespace) -> None:
         if value is not None and value <= 0:
             raise RQConfigError(f"{flag}={value} must be > 0 (leave the flag out for its "
                                 "default)")
+    if ours.rq_canary_file and not os.path.isfile(ours.rq_canary_file):
+        raise RQConfigError(f"--rq-canary-file={ours.rq_canary_file}: no such file (give a "
+                            "recorded canary spec, or leave the flag out for "
+                            "<model-path>/canary.json)")
     if ours.rq_kv_budget_gb is not None:
         total, where = _memory_bytes()
         if ours.rq_kv_budget_gb * 2**30 > total:

@@ -243,7 +243,8 @@ def _budget_hook(original, self, pre_model_load_memory):
 
 def _input_ids_hook(original, self, obj, input_ids, *args, **kwargs):
     """AROUND ``TokenizerManager._validate_one_request``: refuse token ids outside the
-    vocabulary, and a prompt of no tokens, before they reach the scheduler.
+    vocabulary, a prompt of no tokens, and log-probability requests the scheduler cannot serve,
+    before they reach the scheduler.
 
     Parameters
     ----------
@@ -259,7 +260,11 @@ def _input_ids_hook(original, self, obj, input_ids, *args, **kwargs):
         ``/v1/completions`` prompt, but ``/generate`` with ``"text": ""`` tokenizes to no ids
         under a tokenizer that adds no BOS (the embedded models'): alone, its prefill of 0
         tokens killed the scheduler; in a batch it was answered from another request's last
-        token.) A multimodal or embeddings request may carry no ids and passes.
+        token.) A multimodal or embeddings request may carry no ids and passes. Also a
+        ``top_logprobs_num`` (OpenAI: ``logprobs`` / ``top_logprobs``) above the vocabulary size
+        or below 0, and a ``logprob_start_len`` below -1: SGLang 0.5.23 validates neither, and
+        the scheduler's top-k (``k out of range``) or its input-logprob assertion killed the
+        whole server (found by a new-user review, 12-05).
     """
     multimodal = getattr(obj, "contains_mm_input", None)
     if (input_ids is not None and len(input_ids) == 0
@@ -267,14 +272,31 @@ def _input_ids_hook(original, self, obj, input_ids, *args, **kwargs):
             and getattr(obj, "input_embeds", None) is None):
         raise ValueError("the prompt is empty (no tokens after tokenization): send at least one "
                          "token")
+    vocab = self.model_config.vocab_size if self is not None else None
+    _check_logprob_args(obj, vocab)
     if input_ids:
-        vocab = self.model_config.vocab_size
         lo, hi = min(input_ids), max(input_ids)
         bad = lo if lo < 0 else hi if hi >= vocab else None
         if bad is not None:
             raise ValueError(f"input_ids holds token id {bad}, outside the model's vocabulary "
                              f"[0, {vocab})")
     return original(self, obj, input_ids, *args, **kwargs)
+
+
+def _check_logprob_args(obj, vocab: int | None) -> None:
+    """Raise ValueError for a request's ``top_logprobs_num`` outside ``[0, vocab]`` or
+    ``logprob_start_len`` below -1 (either an int or, for a batch, a list of ints)."""
+    def values(name):
+        v = getattr(obj, name, None)
+        return [] if v is None else v if isinstance(v, list) else [v]
+    for k in values("top_logprobs_num"):
+        if k < 0 or (vocab is not None and k > vocab):
+            raise ValueError(f"top_logprobs_num (OpenAI: logprobs / top_logprobs) is {k}: it must "
+                             f"be in [0, {vocab}], the model's vocabulary size")
+    for start in values("logprob_start_len"):
+        if start < -1:
+            raise ValueError(f"logprob_start_len is {start}: it must be -1 (output tokens only) "
+                             "or a prompt position >= 0")
 
 
 def _pool_cls_hook(original, self, *, kind):

@@ -64,7 +64,8 @@ def build_rotation(cfg: RQConfig, *, num_layers: int, num_kv_heads: int,
     Raises
     ------
     RQConfigError
-        If a rotation file is missing, has the wrong shape, or is not orthogonal.
+        If a rotation file is missing, is not safetensors, has the wrong shape, holds
+        non-finite values, or is not orthogonal.
     """
     if not cfg.enabled or cfg.rotation == "none":
         return None
@@ -77,19 +78,24 @@ def build_rotation(cfg: RQConfig, *, num_layers: int, num_kv_heads: int,
         return signs.to(torch.float32).unsqueeze(-1) * hadamard_matrix(head_dim)
     from safetensors.torch import load_file
 
+    from safetensors import SafetensorError
+
     try:
         rot = load_file(cfg.rotation)["rotation"].to(torch.float32)
-    except (FileNotFoundError, KeyError, OSError) as exc:
+    except (FileNotFoundError, KeyError, OSError, SafetensorError) as exc:
         raise RQConfigError(
-            f"--rq-rotation={cfg.rotation}: cannot read a 'rotation' tensor ({exc})"
+            f"--rq-rotation={cfg.rotation}: cannot read a 'rotation' tensor from a safetensors "
+            f"file ({exc})"
         ) from exc
     if tuple(rot.shape) != shape:
         raise RQConfigError(
             f"--rq-rotation={cfg.rotation}: rotation has shape {tuple(rot.shape)}, "
             f"the model needs {shape}"
         )
+    if not bool(torch.isfinite(rot).all()):
+        raise RQConfigError(f"--rq-rotation={cfg.rotation}: rotation holds NaN or infinite values")
     err = (rot @ rot.transpose(-1, -2) - torch.eye(head_dim)).abs().max().item()
-    if err > 1e-3:
+    if not err <= 1e-3:  # NaN fails too
         raise RQConfigError(f"--rq-rotation={cfg.rotation}: matrices are not orthogonal "
                             f"(max |R R^T - I| = {err:.2e})")
     return rot.contiguous()

@@ -169,6 +169,19 @@ CASES: list[tuple[str, str, object, int]] = [
     ("oversized-body", CMPL, {"model": "m", "prompt": BIG, "max_tokens": 1}, 400),
     ("max-new-tokens-negative-generate", GEN, {"text": "hi", "sampling_params": {
         "max_new_tokens": -1}}, 400),
+    # more top log-probabilities than the vocabulary, or a logprob_start_len below -1: SGLang
+    # 0.5.23's scheduler died on each (top-k "k out of range", an input-logprob assertion; a
+    # new-user review found them); the plugin's request hook answers 400 (docs/robustness.md).
+    ("top-logprobs-above-vocab-completions", CMPL, {"model": "m", "prompt": "hi", "max_tokens": 2,
+                                                    "logprobs": 10**5}, 400),
+    ("top-logprobs-above-vocab-chat", CHAT, {"model": "m", "messages": MSG, "max_tokens": 2,
+                                             "logprobs": True, "top_logprobs": 10**5}, 400),
+    ("top-logprobs-num-above-vocab-generate", GEN, {
+        "text": "hi", "sampling_params": {"max_new_tokens": 2}, "return_logprob": True,
+        "top_logprobs_num": 10**5}, 400),
+    ("logprob-start-len-below-minus-one-generate", GEN, {
+        "text": "hi there friend", "sampling_params": {"max_new_tokens": 2},
+        "return_logprob": True, "logprob_start_len": -2}, 400),
 ]
 
 

@@ -227,6 +227,46 @@ def test_serving_values_below_one_are_refused(clean_env, flag, value):
         prepare_environment([flag, value])
 
 
+def test_missing_canary_file_is_refused(clean_env, tmp_path):
+    """Found by a new-user review (12-05): a mistyped --rq-canary-file started the server, whose
+    /rq/ready then said "not found" forever while its log reported the canary passing."""
+    from sglang_rq.config import RQConfigError
+
+    missing = tmp_path / "nope.json"
+    with pytest.raises(RQConfigError, match=f"--rq-canary-file={missing}: no such file"):
+        prepare_environment(["--rq-canary-file", str(missing)])
+    spec = tmp_path / "canary.json"
+    spec.write_text("{}")
+    prepare_environment(["--rq-canary-file", str(spec)])  # exists: its contents are checked later
+
+
+def test_unreadable_or_non_finite_rotation_is_refused(tmp_path):
+    """Found by a new-user review (12-05): a file that is not safetensors gave a traceback, and a
+    rotation of the right shape full of NaN passed the orthogonality check (NaN > 1e-3 is false)
+    and served empty answers."""
+    from safetensors.torch import load_file, save_file
+
+    from sglang_rq.config import RQConfig, RQConfigError
+    from sglang_rq.launch_server import validate_against_model
+    from sglang_rq.models.embedded import EMBEDDED_MODEL
+
+    junk = tmp_path / "junk.safetensors"
+    junk.write_text("hello")
+    with pytest.raises(RQConfigError, match="--rq-rotation=.*junk.safetensors: cannot read"):
+        validate_against_model(RQConfig(rotation=str(junk)), str(EMBEDDED_MODEL))
+    good = load_file(str(EMBEDDED_MODEL.parent / "mini-ouro-rotation.safetensors"))["rotation"]
+    for name, value in (("nan", float("nan")), ("inf", float("inf"))):
+        bad = good.clone()
+        bad[0, 0, 3, 5] = value
+        path = tmp_path / f"{name}.safetensors"
+        save_file({"rotation": bad}, str(path))
+        with pytest.raises(RQConfigError, match="holds NaN or infinite values"):
+            validate_against_model(RQConfig(rotation=str(path)), str(EMBEDDED_MODEL))
+    save_file({"rotation": good}, str(tmp_path / "good.safetensors"))
+    validate_against_model(RQConfig(rotation=str(tmp_path / "good.safetensors")),
+                           str(EMBEDDED_MODEL))
+
+
 def test_kv_budget_above_the_machine_is_refused(clean_env):
     from sglang_rq.config import RQConfigError
 
@@ -287,3 +327,30 @@ def test_empty_prompt_refused_unless_multimodal_or_embeddings():
     embeds = SimpleNamespace(contains_mm_input=lambda: False, input_embeds=[[0.0]])
     assert _input_ids_hook(original, None, embeds, []) == "validated"
     assert _input_ids_hook(original, None, text, None) == "validated"
+
+
+def test_logprob_requests_the_scheduler_cannot_serve_are_refused():
+    """`plugin._input_ids_hook`: top_logprobs_num above the vocabulary (or below 0) and
+    logprob_start_len below -1 are a 400 (ValueError) naming the field; SGLang 0.5.23's
+    scheduler died on them (a new-user review, 12-05). The edges pass."""
+    from types import SimpleNamespace
+
+    from sglang_rq.plugin import _input_ids_hook
+
+    def original(self, obj, input_ids):
+        return "validated"
+
+    tm = SimpleNamespace(model_config=SimpleNamespace(vocab_size=8192))
+
+    def req(**kw):
+        return SimpleNamespace(contains_mm_input=lambda: False, input_embeds=None, **kw)
+    for k in (8193, 10**5, -1, [3, 9000]):
+        with pytest.raises(ValueError, match=r"top_logprobs_num .* must be in \[0, 8192\]"):
+            _input_ids_hook(original, tm, req(top_logprobs_num=k), [1, 2])
+    for start in (-2, -5, [0, -3]):
+        with pytest.raises(ValueError, match="logprob_start_len is -[0-9]+: it must be -1"):
+            _input_ids_hook(original, tm, req(logprob_start_len=start), [1, 2])
+    ok = req(top_logprobs_num=8192, logprob_start_len=-1)
+    assert _input_ids_hook(original, tm, ok, [1, 2]) == "validated"
+    assert _input_ids_hook(original, tm, req(top_logprobs_num=[0, 20], logprob_start_len=[0, 1]),
+                           [1, 2]) == "validated"
