@@ -77,8 +77,9 @@ _IGNORED_WHEN_DISABLED = _format_flags() | {"--rq-staging-tokens"}
 def check_serving_values(ours: argparse.Namespace) -> None:
     """Refuse a serving flag's value that would otherwise be ignored or misread: a KV budget,
     staging size, canary interval or recurrence count given as zero or below, a canary file that
-    does not exist (readiness would never pass), or a KV budget above this machine's memory (CUDA: device 0's; CPU: physical RAM). The exact room left for
-    the KV cache is only known once the weights are loaded (the scheduler's check).
+    does not exist (readiness would never pass), or a KV budget above this machine's memory
+    (CUDA: device 0's; CPU: physical RAM). The exact room left for the KV cache is only known
+    once the weights are loaded (the scheduler's check).
 
     Raises
     ------

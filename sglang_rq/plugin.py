@@ -272,7 +272,7 @@ def _input_ids_hook(original, self, obj, input_ids, *args, **kwargs):
             and getattr(obj, "input_embeds", None) is None):
         raise ValueError("the prompt is empty (no tokens after tokenization): send at least one "
                          "token")
-    vocab = self.model_config.vocab_size if self is not None else None
+    vocab = self.model_config.vocab_size
     _check_logprob_args(obj, vocab)
     if input_ids:
         lo, hi = min(input_ids), max(input_ids)
@@ -283,14 +283,14 @@ def _input_ids_hook(original, self, obj, input_ids, *args, **kwargs):
     return original(self, obj, input_ids, *args, **kwargs)
 
 
-def _check_logprob_args(obj, vocab: int | None) -> None:
+def _check_logprob_args(obj, vocab: int) -> None:
     """Raise ValueError for a request's ``top_logprobs_num`` outside ``[0, vocab]`` or
     ``logprob_start_len`` below -1 (either an int or, for a batch, a list of ints)."""
     def values(name):
         v = getattr(obj, name, None)
         return [] if v is None else v if isinstance(v, list) else [v]
     for k in values("top_logprobs_num"):
-        if k < 0 or (vocab is not None and k > vocab):
+        if not 0 <= k <= vocab:
             raise ValueError(f"top_logprobs_num (OpenAI: logprobs / top_logprobs) is {k}: it must "
                              f"be in [0, {vocab}], the model's vocabulary size")
     for start in values("logprob_start_len"):

@@ -76,9 +76,8 @@ def build_rotation(cfg: RQConfig, *, num_layers: int, num_kv_heads: int,
         gen = torch.Generator().manual_seed(cfg.rotation_seed)
         signs = torch.randint(0, 2, (num_layers, num_kv_heads, head_dim), generator=gen) * 2 - 1
         return signs.to(torch.float32).unsqueeze(-1) * hadamard_matrix(head_dim)
-    from safetensors.torch import load_file
-
     from safetensors import SafetensorError
+    from safetensors.torch import load_file
 
     try:
         rot = load_file(cfg.rotation)["rotation"].to(torch.float32)

@@ -319,14 +319,15 @@ def test_empty_prompt_refused_unless_multimodal_or_embeddings():
     def original(self, obj, input_ids):
         return "validated"
 
+    tm = SimpleNamespace(model_config=SimpleNamespace(vocab_size=8192))
     text = SimpleNamespace(contains_mm_input=lambda: False, input_embeds=None)
     with pytest.raises(ValueError, match="the prompt is empty"):
-        _input_ids_hook(original, None, text, [])
+        _input_ids_hook(original, tm, text, [])
     audio = SimpleNamespace(contains_mm_input=lambda: True, input_embeds=None)
-    assert _input_ids_hook(original, None, audio, []) == "validated"
+    assert _input_ids_hook(original, tm, audio, []) == "validated"
     embeds = SimpleNamespace(contains_mm_input=lambda: False, input_embeds=[[0.0]])
-    assert _input_ids_hook(original, None, embeds, []) == "validated"
-    assert _input_ids_hook(original, None, text, None) == "validated"
+    assert _input_ids_hook(original, tm, embeds, []) == "validated"
+    assert _input_ids_hook(original, tm, text, None) == "validated"
 
 
 def test_logprob_requests_the_scheduler_cannot_serve_are_refused():
