@@ -59,6 +59,7 @@ done
 setsid "$PY" -m smg.launch_router --host 127.0.0.1 --port "$ROUTER_PORT" \
   --worker-urls "${URLS[@]}" --policy "$POLICY" \
   --retry-max-retries 6 --retry-initial-backoff-ms 200 --retry-backoff-multiplier 2 \
+  --max-payload-size 4194304 \
   --health-check-endpoint /rq/ready --health-check-interval-secs 10 \
   --health-failure-threshold 2 --health-success-threshold 1 \
   --worker-startup-timeout-secs 900 --worker-startup-check-interval 5 \

@@ -54,6 +54,12 @@ def add_serving_args(parser: argparse.ArgumentParser) -> None:
                    help="Recurrences of a Huginn (recurrent-depth) model's core for every request "
                         "(default: the config's mean_recurrence). Sets SGLang's "
                         "--json-model-override-args mean_recurrence.")
+    g.add_argument("--rq-max-request-bytes", type=int, default=None,
+                   help="Largest HTTP request body read, in bytes (default 4 MiB); a larger one is "
+                        "answered 413 before it is parsed or tokenized.")
+    g.add_argument("--rq-max-n", type=int, default=None,
+                   help="Largest n (parallel samples of one prompt) a request may ask for "
+                        "(default 128, the OpenAI API's); a larger one is answered 400.")
 
 
 def rq_flags_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -76,10 +82,10 @@ _IGNORED_WHEN_DISABLED = _format_flags() | {"--rq-staging-tokens"}
 
 def check_serving_values(ours: argparse.Namespace) -> None:
     """Refuse a serving flag's value that would otherwise be ignored or misread: a KV budget,
-    staging size, canary interval or recurrence count given as zero or below, a canary file that
-    does not exist (readiness would never pass), or a KV budget above this machine's memory
-    (CUDA: device 0's; CPU: physical RAM). The exact room left for the KV cache is only known
-    once the weights are loaded (the scheduler's check).
+    staging size, canary interval, recurrence count, request-body limit or n limit given as zero
+    or below, a canary file that does not exist (readiness would never pass), or a KV budget
+    above this machine's memory (CUDA: device 0's; CPU: physical RAM). The exact room left for
+    the KV cache is only known once the weights are loaded (the scheduler's check).
 
     Raises
     ------
@@ -89,7 +95,9 @@ def check_serving_values(ours: argparse.Namespace) -> None:
     for flag, value in (("--rq-kv-budget-gb", ours.rq_kv_budget_gb),
                         ("--rq-staging-tokens", ours.rq_staging_tokens),
                         ("--rq-canary-interval-s", ours.rq_canary_interval_s),
-                        ("--rq-recurrences", ours.rq_recurrences)):
+                        ("--rq-recurrences", ours.rq_recurrences),
+                        ("--rq-max-request-bytes", ours.rq_max_request_bytes),
+                        ("--rq-max-n", ours.rq_max_n)):
         if value is not None and value <= 0:
             raise RQConfigError(f"{flag}={value} must be > 0 (leave the flag out for its "
                                 "default)")
@@ -347,6 +355,8 @@ def prepare_environment(argv: list[str]) -> list[str]:
     env.RQ_CONFIG.set(cfg.to_json())
     env.RQ_KV_BUDGET_GB.set(ours.rq_kv_budget_gb)  # None or > 0 (check_serving_values)
     env.RQ_STAGING_TOKENS.set(ours.rq_staging_tokens)
+    env.RQ_MAX_REQUEST_BYTES.set(ours.rq_max_request_bytes)
+    env.RQ_MAX_N.set(ours.rq_max_n)
     for var, value in ((env.RQ_CANARY_FILE, ours.rq_canary_file),
                        (env.RQ_CANARY_INTERVAL_S, ours.rq_canary_interval_s),
                        (env.RQ_CANARY, "0" if ours.rq_no_canary else "")):
@@ -528,6 +538,7 @@ def main(argv: list[str] | None = None) -> None:
 
     install(app, server_args)  # /rq/ready + canary thread (single-tokenizer HTTP server)
     http_errors.install(app)  # validation errors without the server's file paths
+    http_errors.install_body_limit(app, env.RQ_MAX_REQUEST_BYTES.get())
     run_server(server_args)
 
 

@@ -14,7 +14,9 @@ enabled `RQConfig` (set by the launcher) it also installs, on private names of S
 Under the launcher (``SGLANG_RQ_CONFIG`` set, the RQ pool on or off) it also installs
 ``TokenizerManager._validate_one_request`` (AROUND): token ids outside ``[0, vocab_size)`` and
 prompts of no tokens are refused with a 400 (SGLang 0.5.23 checks only ``token_ids_logprob``; an
-out-of-vocabulary ``input_ids``, or ``"text": ""``, on ``/generate`` killed the server), and
+out-of-vocabulary ``input_ids``, or ``"text": ""``, on ``/generate`` killed the server),
+``GenerateReqInput._handle_parallel_sampling`` (AFTER: an ``n`` outside ``[1, --rq-max-n]`` is
+refused with a 400 before the request is copied n times), and
 ``CpuDeviceMixin.empty_cache`` (AFTER: ``malloc_trim(0)``, so ``/flush_cache`` on a CPU server
 returns the C heap's free pages to the OS; docs/robustness.md section 6).
 
@@ -40,6 +42,7 @@ HOOK_TARGETS = (
     "sglang.srt.platforms.interface.SRTPlatform.get_kv_pool_cls",
     "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
     "sglang.srt.platforms.cpu.CpuDeviceMixin.empty_cache",
+    "sglang.srt.managers.io_struct.GenerateReqInput._handle_parallel_sampling",
 )
 RQ_BACKENDS = ("rq_native", "rq_triton")
 
@@ -64,10 +67,11 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     cfg = RQConfig.from_json(raw)
-    targets = [HOOK_TARGETS[2], HOOK_TARGETS[4], HOOK_TARGETS[5]]
+    targets = [HOOK_TARGETS[2], HOOK_TARGETS[4], HOOK_TARGETS[5], HOOK_TARGETS[6]]
     HookRegistry.register(HOOK_TARGETS[2], _budget_hook, HookType.AROUND)
     HookRegistry.register(HOOK_TARGETS[4], _input_ids_hook, HookType.AROUND)
     HookRegistry.register(HOOK_TARGETS[5], _trim_heap_hook, HookType.AFTER)
+    HookRegistry.register(HOOK_TARGETS[6], _parallel_samples_hook, HookType.AFTER)
     if cfg.enabled:
         _Runtime.cfg = cfg
         targets = list(HOOK_TARGETS)
@@ -297,6 +301,25 @@ def _check_logprob_args(obj, vocab: int) -> None:
         if start < -1:
             raise ValueError(f"logprob_start_len is {start}: it must be -1 (output tokens only) "
                              "or a prompt position >= 0")
+
+
+def _parallel_samples_hook(result, self):
+    """AFTER ``GenerateReqInput._handle_parallel_sampling`` (it has read ``n`` into
+    ``parallel_sample_num``, before the request is expanded into that many copies): refuse an
+    ``n`` outside ``[1, SGLANG_RQ_MAX_N]`` (``--rq-max-n``, default 128).
+
+    Raises
+    ------
+    ValueError
+        Naming ``n``, the range and the flag; SGLang's HTTP layer answers 400. SGLang 0.5.23
+        accepts any n: ``n: 1000000`` was expanded into a million requests (no reply within
+        30 s, the worker busy), ``n: -3`` on the chat route answered an empty completion.
+    """
+    n, most = self.parallel_sample_num, env.RQ_MAX_N.get()
+    if not isinstance(n, int) or not 1 <= n <= most:
+        raise ValueError(f"n (parallel samples of one prompt) is {n!r}: it must be in [1, {most}] "
+                         "(--rq-max-n)")
+    return result
 
 
 def _pool_cls_hook(original, self, *, kind):

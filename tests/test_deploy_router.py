@@ -67,7 +67,7 @@ def cluster(tmp_path_factory):
              "--health-success-threshold", "1", "--worker-startup-timeout-secs", "600",
              "--worker-startup-check-interval", "2",
              "--retry-max-retries", "6", "--retry-initial-backoff-ms", "200",
-             "--retry-backoff-multiplier", "2",
+             "--retry-backoff-multiplier", "2", "--max-payload-size", str(4 << 20),
              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)],
             stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
@@ -102,6 +102,17 @@ def test_requests_through_router_reach_workers(cluster):
         "text": prompts[0], "sampling_params": {"max_new_tokens": 3, "temperature": 0}})
     assert r.status_code == 200 and len(r.json()["output_ids"]) == 3, r.text
     assert _requests_served(workers) - before == len(prompts) + 1
+
+
+def test_router_refuses_a_body_above_the_payload_limit(cluster):
+    """The router's --max-payload-size matches the workers' --rq-max-request-bytes (4 MiB, as
+    in deploy/ and k8s/): a larger body is answered 413 at the gateway and reaches no worker."""
+    ckpt, workers, url, _ = cluster
+    before = _requests_served(workers)
+    r = requests.post(url + "/v1/completions", timeout=60, json={
+        "model": str(ckpt), "prompt": "x" * (5 << 20), "max_tokens": 1})
+    assert r.status_code == 413, r.text[:300]
+    assert _requests_served(workers) == before
 
 
 def test_router_metrics(cluster):

@@ -122,7 +122,8 @@ def _greedy(url: str) -> list[int]:
 GEN, CMPL, CHAT = "/generate", "/v1/completions", "/v1/chat/completions"
 MSG = [{"role": "user", "content": "hi"}]
 BIG = "x" * (8 << 20)  # 8 MiB of prompt text
-# (name, route, body: dict = JSON, bytes = raw, expected status)
+# (name, route, body: dict = JSON, bytes = raw, a callable = a generator of chunks (sent without
+# Content-Length), expected status)
 CASES: list[tuple[str, str, object, int]] = [
     ("malformed-json-generate", GEN, b'{"text": "hi",', 400),
     ("malformed-json-completions", CMPL, b'{"model": "m", "prompt": ', 400),
@@ -143,10 +144,14 @@ CASES: list[tuple[str, str, object, int]] = [
     ("top-p-above-one", CHAT, {"model": "m", "messages": MSG, "top_p": 7}, 400),
     ("top-p-negative", CMPL, {"model": "m", "prompt": "hi", "top_p": -0.5}, 400),
     ("n-zero", CMPL, {"model": "m", "prompt": "hi", "n": 0}, 400),
-    # SGLang 0.5.23 accepts a negative n on the chat route (200); asserted as is.
-    ("n-negative", CHAT, {"model": "m", "messages": MSG, "n": -3, "max_tokens": 2}, 200),
-    # NOTE: not sent: {"n": 10**6} is accepted by SGLang 0.5.23 and expanded into a million
-    # requests (no reply within 30 s, the worker stays busy): SGLang's, see docs/robustness.md.
+    # SGLang 0.5.23 answered n: -3 on the chat route (200, an empty completion) and expanded
+    # n: 10**6 into a million requests (no reply within 30 s, the worker stayed busy); the
+    # plugin's parallel-samples hook refuses n outside [1, --rq-max-n] (docs/robustness.md).
+    ("n-negative", CHAT, {"model": "m", "messages": MSG, "n": -3, "max_tokens": 2}, 400),
+    ("n-million-completions", CMPL, {"model": "m", "prompt": "hi", "n": 10**6, "max_tokens": 2},
+     400),
+    ("n-million-generate", GEN, {"text": "hi", "sampling_params": {"n": 10**6,
+                                                                   "max_new_tokens": 2}}, 400),
     ("unknown-field", CMPL, {"model": "m", "prompt": "hi", "max_tokens": 2, "bogus": 1}, 200),
     ("unknown-field-generate", GEN, {"text": "hi", "bogus": [1], "sampling_params": {
         "max_new_tokens": 2}}, 200),
@@ -166,7 +171,10 @@ CASES: list[tuple[str, str, object, int]] = [
     ("empty-text-generate", GEN, {"text": "", "sampling_params": {"max_new_tokens": 2}}, 400),
     ("empty-text-in-batch-generate", GEN, {"text": ["hello", ""], "sampling_params": {
         "max_new_tokens": 2}}, 400),
-    ("oversized-body", CMPL, {"model": "m", "prompt": BIG, "max_tokens": 1}, 400),
+    # above --rq-max-request-bytes (4 MiB): 413 before SGLang parses or tokenizes it (it held
+    # the HTTP process ~1 s per MB); with and without a Content-Length (sglang_rq.http_errors)
+    ("oversized-body", CMPL, {"model": "m", "prompt": BIG, "max_tokens": 1}, 413),
+    ("oversized-chunked-body", GEN, lambda: (b"x" * (1 << 20) for _ in range(8)), 413),
     ("max-new-tokens-negative-generate", GEN, {"text": "hi", "sampling_params": {
         "max_new_tokens": -1}}, 400),
     # more top log-probabilities than the vocabulary, or a logprob_start_len below -1: SGLang
@@ -186,7 +194,7 @@ CASES: list[tuple[str, str, object, int]] = [
 
 
 def _send(url: str, route: str, body: object) -> requests.Response:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    data = body() if callable(body) else body if isinstance(body, bytes) else json.dumps(body).encode()
     return requests.post(url + route, data=data, timeout=TIMEOUT_S,
                          headers={"Content-Type": "application/json"})
 

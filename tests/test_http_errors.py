@@ -56,3 +56,44 @@ def test_validation_error_keeps_the_field_and_drops_paths_and_input():
 def test_install_refuses_an_app_without_sglangs_handler():
     with pytest.raises(RuntimeError, match="not the pinned 0.5.23"):
         http_errors.install(fastapi.FastAPI())  # FastAPI's default handler only
+
+
+def _echo_app(calls: list) -> fastapi.FastAPI:
+    app = fastapi.FastAPI()
+
+    @app.post("/generate")
+    async def generate(request: fastapi.Request) -> dict:
+        calls.append(1)
+        return {"bytes": len(await request.body())}
+
+    http_errors.install_body_limit(app, 1000)
+    return app
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_body_limit_refuses_a_larger_body_unread_and_passes_one_within(chunked):
+    """A new-user review (12-05): a 30 MB prompt held the HTTP process ~30 s (SGLang tokenizes
+    before its length check). Above ``--rq-max-request-bytes`` the answer is 413 and the
+    endpoint never runs; at or below it, the endpoint reads the whole body."""
+    calls: list = []
+    client = TestClient(_echo_app(calls))
+
+    def send(size: int):
+        data = b"x" * size
+        if chunked:  # a generator body goes out without Content-Length (chunked)
+            return client.post("/generate", content=(data[i:i + 300] for i in range(0, size, 300)))
+        return client.post("/generate", content=data)
+
+    assert send(1000).json() == {"bytes": 1000} and send(0).json() == {"bytes": 0}
+    r = send(1001)
+    assert r.status_code == 413 and r.json()["code"] == 413
+    assert "--rq-max-request-bytes" in r.json()["message"] and "1000 bytes" in r.json()["message"]
+    if not chunked:
+        assert "is 1001 bytes" in r.json()["message"]
+    assert send(50_000).status_code == 413
+    assert len(calls) == 2  # only the two bodies within the limit reached the endpoint
+
+
+def test_body_limit_refuses_a_limit_below_one():
+    with pytest.raises(ValueError, match="--rq-max-request-bytes"):
+        http_errors.install_body_limit(fastapi.FastAPI(), 0)

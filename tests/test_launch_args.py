@@ -215,7 +215,9 @@ def test_mistyped_flag_is_one_line_with_the_closest_flags():
 @pytest.mark.parametrize("flag,value", [("--rq-kv-budget-gb", "-1"), ("--rq-kv-budget-gb", "0"),
                                         ("--rq-staging-tokens", "0"),
                                         ("--rq-canary-interval-s", "-5"),
-                                        ("--rq-recurrences", "0")])
+                                        ("--rq-recurrences", "0"),
+                                        ("--rq-max-request-bytes", "0"),
+                                        ("--rq-max-n", "-1")])
 def test_serving_values_below_one_are_refused(clean_env, flag, value):
     """Found by a fresh-clone check: a negative KV budget started a server sized by SGLang's
     RAM profiling (18.7 GB on a 23 GB host), and a zero staging size or recurrence count was
@@ -355,3 +357,44 @@ def test_logprob_requests_the_scheduler_cannot_serve_are_refused():
     assert _input_ids_hook(original, tm, ok, [1, 2]) == "validated"
     assert _input_ids_hook(original, tm, req(top_logprobs_num=[0, 20], logprob_start_len=[0, 1]),
                            [1, 2]) == "validated"
+
+
+def _sampled(obj):
+    """``obj`` after the steps of SGLang's ``normalize_batch_and_arguments`` up to and including
+    ``_handle_parallel_sampling`` (the hooked method)."""
+    obj._validate_inputs()
+    obj._determine_batch_size()
+    obj._handle_parallel_sampling()
+    return obj
+
+
+@pytest.mark.parametrize("n,refused", [(1, False), (128, False), (129, True), (10**6, True),
+                                       (0, True), (-3, True)])
+def test_n_outside_one_to_max_is_refused_before_the_request_is_copied(clean_env, n, refused):
+    """`plugin._parallel_samples_hook` on SGLang's own ``GenerateReqInput`` after its
+    ``_handle_parallel_sampling``: SGLang 0.5.23 expanded ``n: 1000000`` into a million requests
+    (the worker stayed busy) and answered ``n: -3`` (a new-user review, 12-05)."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    from sglang_rq.plugin import _parallel_samples_hook
+
+    obj = _sampled(GenerateReqInput(text="hi", sampling_params={"n": n, "max_new_tokens": 2}))
+    if refused:
+        with pytest.raises(ValueError, match=rf"n \(parallel samples of one prompt\) is {n}: it "
+                                             r"must be in \[1, 128\] \(--rq-max-n\)"):
+            _parallel_samples_hook(None, obj)
+    else:
+        assert _parallel_samples_hook("kept", obj) == "kept"
+
+
+def test_max_n_flag_sets_the_limit_the_hook_reads(clean_env):
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    from sglang_rq.plugin import _parallel_samples_hook
+
+    prepare_environment(["--rq-max-n", "300"])
+    obj = _sampled(GenerateReqInput(text="hi", sampling_params={"n": 300}))
+    assert _parallel_samples_hook(None, obj) is None
+    obj = _sampled(GenerateReqInput(text="hi", sampling_params={"n": 301}))
+    with pytest.raises(ValueError, match=r"\[1, 300\]"):
+        _parallel_samples_hook(None, obj)
