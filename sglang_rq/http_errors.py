@@ -56,6 +56,7 @@ def install(app: Any) -> None:
 
 
 DRAIN_FACTOR = 64  # an over-limit body is read and dropped up to this many limits, then cut off
+DRAIN_WAIT_S = 5.0  # ... and for no longer than this between two of its chunks
 
 
 class BodyLimit:
@@ -65,9 +66,14 @@ class BodyLimit:
     SGLang 0.5.23 reads, parses and tokenizes a prompt in full in the HTTP process before its
     context-length check; a 30 MB prompt held every other request of the process for ~30 s and
     grew it by ~4 GB (docs/robustness.md section 3). A declared ``Content-Length`` above the
-    limit is refused unread; a chunked body is buffered up to the limit and refused when it
-    passes it. The refused body is read and dropped (up to `DRAIN_FACTOR` limits) so that the
-    client, still sending, gets the 413 instead of a reset connection.
+    limit is refused at once. Every other body is counted as it arrives (the header alone is
+    not trusted: with ``Transfer-Encoding: chunked`` the server frames the body by its chunks)
+    and held up to the limit, then handed to the app whole, or refused once it runs past.
+
+    A refused body the client is sending anyway is read and dropped (up to `DRAIN_FACTOR`
+    limits, waiting at most `DRAIN_WAIT_S` for each chunk), so that the client gets the 413
+    rather than a reset connection; a client that asked ``Expect: 100-continue`` is answered
+    before it sends any.
     """
 
     def __init__(self, app: Any, max_bytes: int) -> None:
@@ -76,22 +82,20 @@ class BodyLimit:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers") or ()).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(receive, send, int(declared))
-            return None
-        if declared is not None:  # within the limit: uvicorn delivers no more than declared
-            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or ())
+        declared = headers.get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            waiting = headers.get(b"expect", b"").lower() == b"100-continue"
+            return await self._refuse(receive, send, int(declared), more=not waiting)
         held, size = [], 0
-        while True:  # no length declared (chunked): hold the body up to the limit
+        while True:
             message = await receive()
             held.append(message)
             if message["type"] != "http.request":
                 break
             size += len(message.get("body", b""))
             if size > self.max_bytes:
-                await self._refuse(receive, send, None, more=message.get("more_body", False))
-                return None
+                return await self._refuse(receive, send, None, more=message.get("more_body", False))
             if not message.get("more_body", False):
                 break
 
@@ -100,14 +104,19 @@ class BodyLimit:
 
         return await self.app(scope, replay, send)
 
-    async def _refuse(self, receive: Any, send: Any, declared: int | None, more: bool = True):
-        """Drop the rest of the body, then send the 413 (``declared``: the Content-Length, or
-        None for a chunked body)."""
+    async def _refuse(self, receive: Any, send: Any, declared: int | None, more: bool) -> None:
+        """Drop the rest of the body (while ``more``), then send the 413 (``declared``: the
+        Content-Length, or None when the body ran past the limit as it arrived)."""
+        import asyncio
+
         read = 0
-        while more and read <= DRAIN_FACTOR * self.max_bytes:
-            message = await receive()
-            read += len(message.get("body", b""))
-            more = message["type"] == "http.request" and message.get("more_body", False)
+        try:
+            while more and read <= DRAIN_FACTOR * self.max_bytes:
+                message = await asyncio.wait_for(receive(), DRAIN_WAIT_S)
+                read += len(message.get("body", b""))
+                more = message["type"] == "http.request" and message.get("more_body", False)
+        except asyncio.TimeoutError:
+            pass
         size = f"is {declared} bytes, above" if declared is not None else "runs past"
         body = json.dumps({
             "object": "error", "type": "RequestTooLargeError", "param": None, "code": 413,
@@ -120,17 +129,22 @@ class BodyLimit:
 
 
 def install_body_limit(app: Any, max_bytes: int) -> None:
-    """Put `BodyLimit` in front of every route of the FastAPI ``app`` (before it starts).
+    """Put `BodyLimit` innermost of the FastAPI ``app``'s middleware (before it starts), inside
+    SGLang's CORS, request-decompression and HTTP-metrics middleware, so a 413 carries the CORS
+    headers, is counted in ``/metrics`` and limits the decompressed body.
 
     Raises
     ------
     ValueError
         If ``max_bytes`` is below 1.
     RuntimeError
-        If the middleware is not in the app's stack afterwards (e.g. the app already started).
+        If the app has already started (its middleware stack is built).
     """
+    from starlette.middleware import Middleware
+
     if max_bytes < 1:
         raise ValueError(f"max_bytes={max_bytes} must be >= 1 (--rq-max-request-bytes)")
-    app.add_middleware(BodyLimit, max_bytes=max_bytes)
-    if not any(m.cls is BodyLimit for m in app.user_middleware):
-        raise RuntimeError("sglang-rq: the request-body limit did not apply")
+    if app.middleware_stack is not None:
+        raise RuntimeError("sglang-rq: the request-body limit must be installed before the HTTP "
+                           "app starts")
+    app.user_middleware.append(Middleware(BodyLimit, max_bytes=max_bytes))

@@ -15,8 +15,8 @@ Under the launcher (``SGLANG_RQ_CONFIG`` set, the RQ pool on or off) it also ins
 ``TokenizerManager._validate_one_request`` (AROUND): token ids outside ``[0, vocab_size)`` and
 prompts of no tokens are refused with a 400 (SGLang 0.5.23 checks only ``token_ids_logprob``; an
 out-of-vocabulary ``input_ids``, or ``"text": ""``, on ``/generate`` killed the server),
-``GenerateReqInput._handle_parallel_sampling`` (AFTER: an ``n`` outside ``[1, --rq-max-n]`` is
-refused with a 400 before the request is copied n times), and
+``GenerateReqInput._handle_parallel_sampling`` (AROUND: an ``n`` that is not an integer in
+``[1, --rq-max-n]`` is refused with a 400 before the request is copied n times), and
 ``CpuDeviceMixin.empty_cache`` (AFTER: ``malloc_trim(0)``, so ``/flush_cache`` on a CPU server
 returns the C heap's free pages to the OS; docs/robustness.md section 6).
 
@@ -71,7 +71,7 @@ def register() -> None:
     HookRegistry.register(HOOK_TARGETS[2], _budget_hook, HookType.AROUND)
     HookRegistry.register(HOOK_TARGETS[4], _input_ids_hook, HookType.AROUND)
     HookRegistry.register(HOOK_TARGETS[5], _trim_heap_hook, HookType.AFTER)
-    HookRegistry.register(HOOK_TARGETS[6], _parallel_samples_hook, HookType.AFTER)
+    HookRegistry.register(HOOK_TARGETS[6], _parallel_samples_hook, HookType.AROUND)
     if cfg.enabled:
         _Runtime.cfg = cfg
         targets = list(HOOK_TARGETS)
@@ -303,23 +303,30 @@ def _check_logprob_args(obj, vocab: int) -> None:
                              "or a prompt position >= 0")
 
 
-def _parallel_samples_hook(result, self):
-    """AFTER ``GenerateReqInput._handle_parallel_sampling`` (it has read ``n`` into
-    ``parallel_sample_num``, before the request is expanded into that many copies): refuse an
-    ``n`` outside ``[1, SGLANG_RQ_MAX_N]`` (``--rq-max-n``, default 128).
+def _parallel_samples_hook(original, self):
+    """AROUND ``GenerateReqInput._handle_parallel_sampling`` (where SGLang reads ``n``, before
+    the request is copied n times): refuse an ``n`` that is not an integer in
+    ``[1, SGLANG_RQ_MAX_N]`` (``--rq-max-n``, default 128) in any of the request's sampling
+    parameters, then run SGLang's own.
 
     Raises
     ------
     ValueError
         Naming ``n``, the range and the flag; SGLang's HTTP layer answers 400. SGLang 0.5.23
-        accepts any n: ``n: 1000000`` was expanded into a million requests (no reply within
-        30 s, the worker busy), ``n: -3`` on the chat route answered an empty completion.
+        accepts any integer n: ``n: 1000000`` was expanded into a million requests (no reply
+        within 30 s, the worker busy), ``n: -3`` on the chat route answered an empty
+        completion, and ``"n": null`` on ``/generate`` was a 500 (its comparison raised).
     """
-    n, most = self.parallel_sample_num, env.RQ_MAX_N.get()
-    if not isinstance(n, int) or not 1 <= n <= most:
-        raise ValueError(f"n (parallel samples of one prompt) is {n!r}: it must be in [1, {most}] "
-                         "(--rq-max-n)")
-    return result
+    params = self.sampling_params
+    most = env.RQ_MAX_N.get()
+    for sp in params if isinstance(params, list) else [] if params is None else [params]:
+        if not isinstance(sp, dict) or "n" not in sp:
+            continue
+        n = sp["n"]
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= most:
+            raise ValueError(f"n (parallel samples of one prompt) is {n!r}: it must be an "
+                             f"integer in [1, {most}] (--rq-max-n)")
+    return original(self)
 
 
 def _pool_cls_hook(original, self, *, kind):

@@ -218,3 +218,32 @@ def test_http_fuzz_is_4xx_and_server_keeps_serving(server):
     assert leaks == {}
     assert requests.get(server.url + "/health", timeout=TIMEOUT_S).status_code == 200
     assert _greedy(server.url) == before
+
+
+def test_body_limit_holds_against_a_lying_content_length_and_is_counted(server):
+    """The second new-user review: ``Content-Length: 10`` beside ``Transfer-Encoding: chunked``
+    carried a 12 MiB prompt past the limit (uvicorn frames such a body by its chunks) and a
+    greedy request sent meanwhile waited 10.8 s; and a 413 was missing from SGLang's HTTP
+    metrics. Now: 413, and counted."""
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(server.url)
+    with socket.create_connection((url.hostname, url.port), timeout=TIMEOUT_S) as sock:
+        # the header order curl sends with `-H "Transfer-Encoding: chunked" -H
+        # "Content-Length: 10"` (as the review did); 6 MiB in 1 MiB chunks
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Transfer-Encoding: chunked\r\nContent-Length: 10\r\n\r\n")
+        for _ in range(6):
+            sock.sendall(b"100000\r\n" + b"x" * (1 << 20) + b"\r\n")
+        sock.sendall(b"0\r\n\r\n")
+        reply = b""
+        while b"}" not in reply:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 413") and b"--rq-max-request-bytes" in reply, reply[:300]
+    text = requests.get(server.url + "/metrics", timeout=TIMEOUT_S).text
+    assert re.search(r'^sglang:\w+\{[^}]*status_code="413"[^}]*\} [1-9]', text, re.M), \
+        [ln for ln in text.splitlines() if "status_code" in ln][:5]

@@ -59,7 +59,11 @@ def test_install_refuses_an_app_without_sglangs_handler():
 
 
 def _echo_app(calls: list) -> fastapi.FastAPI:
+    """An endpoint that reads its whole body, behind CORS as SGLang's app is."""
+    from starlette.middleware.cors import CORSMiddleware
+
     app = fastapi.FastAPI()
+    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"])
 
     @app.post("/generate")
     async def generate(request: fastapi.Request) -> dict:
@@ -92,6 +96,25 @@ def test_body_limit_refuses_a_larger_body_unread_and_passes_one_within(chunked):
         assert "is 1001 bytes" in r.json()["message"]
     assert send(50_000).status_code == 413
     assert len(calls) == 2  # only the two bodies within the limit reached the endpoint
+
+
+def test_body_limit_counts_the_body_whatever_content_length_says():
+    """The second review: ``Content-Length: 10`` beside ``Transfer-Encoding: chunked`` let a
+    12 MiB prompt through (the server frames such a body by its chunks), and the 48 s stall was
+    back. Here the header claims 10 bytes and 5,000 arrive."""
+    calls: list = []
+    client = TestClient(_echo_app(calls))
+    r = client.post("/generate", content=(b"x" * 500 for _ in range(10)),
+                    headers={"Content-Length": "10"})
+    assert r.status_code == 413 and "runs past" in r.json()["message"] and calls == []
+
+
+def test_body_limit_answer_is_inside_cors():
+    """The 413 carries SGLang's CORS headers (a browser client would otherwise see a CORS
+    failure instead of the status; the second review)."""
+    r = TestClient(_echo_app([])).post("/generate", content=b"x" * 2000,
+                                        headers={"Origin": "http://example.com"})
+    assert r.status_code == 413 and r.headers["access-control-allow-origin"] == "*"
 
 
 def test_body_limit_refuses_a_limit_below_one():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import pytest
@@ -359,42 +360,44 @@ def test_logprob_requests_the_scheduler_cannot_serve_are_refused():
                            [1, 2]) == "validated"
 
 
-def _sampled(obj):
-    """``obj`` after the steps of SGLang's ``normalize_batch_and_arguments`` up to and including
-    ``_handle_parallel_sampling`` (the hooked method)."""
+def _handled(obj):
+    """Run the hook around SGLang's own ``_handle_parallel_sampling`` on ``obj``, after the steps
+    of ``normalize_batch_and_arguments`` before it; returns ``obj``."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    from sglang_rq.plugin import _parallel_samples_hook
+
     obj._validate_inputs()
     obj._determine_batch_size()
-    obj._handle_parallel_sampling()
+    _parallel_samples_hook(GenerateReqInput._handle_parallel_sampling, obj)
     return obj
 
 
 @pytest.mark.parametrize("n,refused", [(1, False), (128, False), (129, True), (10**6, True),
-                                       (0, True), (-3, True)])
+                                       (0, True), (-3, True), (None, True), (2.5, True),
+                                       (True, True)])
 def test_n_outside_one_to_max_is_refused_before_the_request_is_copied(clean_env, n, refused):
-    """`plugin._parallel_samples_hook` on SGLang's own ``GenerateReqInput`` after its
-    ``_handle_parallel_sampling``: SGLang 0.5.23 expanded ``n: 1000000`` into a million requests
-    (the worker stayed busy) and answered ``n: -3`` (a new-user review, 12-05)."""
+    """`plugin._parallel_samples_hook` around SGLang's own ``_handle_parallel_sampling``:
+    SGLang 0.5.23 expanded ``n: 1000000`` into a million requests (the worker stayed busy),
+    answered ``n: -3`` (a new-user review, 12-05), and its comparison raised on ``n: null``
+    (a 500; the second review)."""
     from sglang.srt.managers.io_struct import GenerateReqInput
 
-    from sglang_rq.plugin import _parallel_samples_hook
-
-    obj = _sampled(GenerateReqInput(text="hi", sampling_params={"n": n, "max_new_tokens": 2}))
+    obj = GenerateReqInput(text="hi", sampling_params={"n": n, "max_new_tokens": 2})
     if refused:
-        with pytest.raises(ValueError, match=rf"n \(parallel samples of one prompt\) is {n}: it "
-                                             r"must be in \[1, 128\] \(--rq-max-n\)"):
-            _parallel_samples_hook(None, obj)
+        with pytest.raises(ValueError, match=rf"n \(parallel samples of one prompt\) is "
+                                             rf"{re.escape(repr(n))}: it must be an integer in "
+                                             r"\[1, 128\] \(--rq-max-n\)"):
+            _handled(obj)
     else:
-        assert _parallel_samples_hook("kept", obj) == "kept"
+        assert _handled(obj).parallel_sample_num == n
 
 
-def test_max_n_flag_sets_the_limit_the_hook_reads(clean_env):
+def test_n_is_checked_in_every_prompt_of_a_batch_and_the_flag_moves_the_limit(clean_env):
     from sglang.srt.managers.io_struct import GenerateReqInput
-
-    from sglang_rq.plugin import _parallel_samples_hook
 
     prepare_environment(["--rq-max-n", "300"])
-    obj = _sampled(GenerateReqInput(text="hi", sampling_params={"n": 300}))
-    assert _parallel_samples_hook(None, obj) is None
-    obj = _sampled(GenerateReqInput(text="hi", sampling_params={"n": 301}))
-    with pytest.raises(ValueError, match=r"\[1, 300\]"):
-        _parallel_samples_hook(None, obj)
+    ok = _handled(GenerateReqInput(text=["a", "b"], sampling_params=[{"n": 300}, {"n": 300}]))
+    assert ok.parallel_sample_num == 300
+    with pytest.raises(ValueError, match=r"is 301: .*\[1, 300\]"):
+        _handled(GenerateReqInput(text=["a", "b"], sampling_params=[{"n": 1}, {"n": 301}]))
