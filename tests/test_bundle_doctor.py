@@ -136,9 +136,10 @@ def test_doctor_json_report(doctor_json):
     assert checks["sglang"]["detail"].startswith("0.5.23")
     assert "sglang_rq.plugin:register" in checks["entry point"]["detail"]
     assert "OuroForCausalLM" in checks["plugin"]["detail"]
-    # the default (RQ) configuration installs 6 hooks: cell size, fixed overhead, byte budget,
-    # pool class, input-ids validation, CPU heap trim (sglang_rq/plugin.py docstring)
-    assert "6/6 hooks applied" in checks["plugin"]["detail"]
+    # the default (RQ) configuration installs 7 hooks: cell size, fixed overhead, byte budget,
+    # pool class, input-ids validation, CPU heap trim, n validation (sglang_rq/plugin.py
+    # docstring)
+    assert "7/7 hooks applied" in checks["plugin"]["detail"]
     import torch
 
     if not torch.cuda.is_available():
