@@ -15,6 +15,7 @@ the workers' apps answer as SGLang does.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -107,8 +108,6 @@ class BodyLimit:
     async def _refuse(self, receive: Any, send: Any, declared: int | None, more: bool) -> None:
         """Drop the rest of the body (while ``more``), then send the 413 (``declared``: the
         Content-Length, or None when the body ran past the limit as it arrived)."""
-        import asyncio
-
         read = 0
         try:
             while more and read <= DRAIN_FACTOR * self.max_bytes:
