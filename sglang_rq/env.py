@@ -73,9 +73,11 @@ RQ_CANARY = EnvVar("SGLANG_RQ_CANARY", _bool, True,
 RQ_CANARY_FILE = EnvVar("SGLANG_RQ_CANARY_FILE", str, "",
                         "canary spec JSON (default: <model-path>/canary.json, else generation-only)")
 RQ_MAX_REQUEST_BYTES = EnvVar("SGLANG_RQ_MAX_REQUEST_BYTES", int, 4 << 20,
-                              "largest HTTP request body the server reads, bytes (larger: 413)")
+                              "largest HTTP request body the server reads, bytes (larger: 413); "
+                              "the launcher sets it from --rq-max-request-bytes")
 RQ_MAX_N = EnvVar("SGLANG_RQ_MAX_N", int, 128,
-                  "largest n (parallel samples per prompt) a request may ask for (larger: 400)")
+                  "largest n (parallel samples per prompt) a request may ask for (larger: 400); "
+                  "the launcher sets it from --rq-max-n")
 RQ_DATA_DIR = EnvVar("SGLANG_RQ_DATA_DIR", str, "",
                      "evaluation/calibration data directory (else shared/data next to a source checkout)")
 PROMETHEUS_MULTIPROC_DIR = EnvVar("PROMETHEUS_MULTIPROC_DIR", str, "",

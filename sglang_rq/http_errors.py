@@ -74,7 +74,7 @@ class BodyLimit:
     A refused body the client is sending anyway is read and dropped (up to `DRAIN_FACTOR`
     limits, waiting at most `DRAIN_WAIT_S` for each chunk), so that the client gets the 413
     rather than a reset connection; a client that asked ``Expect: 100-continue`` is answered
-    before it sends any.
+    before it sends any. A 413 sent with the body not wholly read closes the connection.
     """
 
     def __init__(self, app: Any, max_bytes: int) -> None:
@@ -108,7 +108,7 @@ class BodyLimit:
     async def _refuse(self, receive: Any, send: Any, declared: int | None, more: bool) -> None:
         """Drop the rest of the body (while ``more``), then send the 413 (``declared``: the
         Content-Length, or None when the body ran past the limit as it arrived)."""
-        read = 0
+        read, unread = 0, not more  # not more here: Expect 100-continue, nothing sent yet
         try:
             while more and read <= DRAIN_FACTOR * self.max_bytes:
                 message = await asyncio.wait_for(receive(), DRAIN_WAIT_S)
@@ -116,21 +116,26 @@ class BodyLimit:
                 more = message["type"] == "http.request" and message.get("more_body", False)
         except asyncio.TimeoutError:
             pass
+        unread = unread or more
         size = f"is {declared} bytes, above" if declared is not None else "runs past"
         body = json.dumps({
             "object": "error", "type": "RequestTooLargeError", "param": None, "code": 413,
             "message": f"the request body {size} this server's limit of {self.max_bytes} bytes "
                        "(--rq-max-request-bytes)"}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
+        headers = [(b"content-type", b"application/json"),
+                   (b"content-length", str(len(body)).encode())]
+        if unread:  # the rest of the body may still come: this connection cannot carry another
+            headers.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
 
 def install_body_limit(app: Any, max_bytes: int) -> None:
     """Put `BodyLimit` innermost of the FastAPI ``app``'s middleware (before it starts), inside
-    SGLang's CORS, request-decompression and HTTP-metrics middleware, so a 413 carries the CORS
-    headers, is counted in ``/metrics`` and limits the decompressed body.
+    SGLang's CORS and HTTP-metrics middleware, so a 413 carries the CORS headers and is counted
+    in ``/metrics``. Under SGLang's opt-in request decompression
+    (``SGLANG_ENABLE_REQUEST_DECOMPRESSION``) it limits the decompressed body, but only after
+    SGLang's middleware has decompressed all of it (docs/robustness.md section 3).
 
     Raises
     ------

@@ -307,7 +307,8 @@ def _parallel_samples_hook(original, self):
     """AROUND ``GenerateReqInput._handle_parallel_sampling`` (where SGLang reads ``n``, before
     the request is copied n times): refuse an ``n`` that is not an integer in
     ``[1, SGLANG_RQ_MAX_N]`` (``--rq-max-n``, default 128) in any of the request's sampling
-    parameters, then run SGLang's own.
+    parameters, and a list of sampling parameters whose length is not the number of prompts
+    (SGLang indexed past its end: a 500), then run SGLang's own.
 
     Raises
     ------
@@ -318,6 +319,9 @@ def _parallel_samples_hook(original, self):
         completion, and ``"n": null`` on ``/generate`` was a 500 (its comparison raised).
     """
     params = self.sampling_params
+    if isinstance(params, list) and len(params) != self.batch_size:
+        raise ValueError(f"sampling_params is a list of {len(params)} for {self.batch_size} "
+                         "prompt(s): give one object per prompt, or one object for all")
     most = env.RQ_MAX_N.get()
     for sp in params if isinstance(params, list) else [] if params is None else [params]:
         if not isinstance(sp, dict) or "n" not in sp:

@@ -152,6 +152,12 @@ CASES: list[tuple[str, str, object, int]] = [
      400),
     ("n-million-generate", GEN, {"text": "hi", "sampling_params": {"n": 10**6,
                                                                    "max_new_tokens": 2}}, 400),
+    ("n-null-generate", GEN, {"text": "hi", "sampling_params": {"n": None}}, 400),
+    # a list of sampling parameters not one per prompt: SGLang 0.5.23 indexed past its end (a
+    # 500, a third review); the same hook answers 400
+    ("sampling-params-empty-list-generate", GEN, {"text": "hi", "sampling_params": []}, 400),
+    ("sampling-params-short-list-generate", GEN, {"text": ["a", "b", "c"], "sampling_params": [
+        {"max_new_tokens": 2}]}, 400),
     ("unknown-field", CMPL, {"model": "m", "prompt": "hi", "max_tokens": 2, "bogus": 1}, 200),
     ("unknown-field-generate", GEN, {"text": "hi", "bogus": [1], "sampling_params": {
         "max_new_tokens": 2}}, 200),

@@ -117,6 +117,18 @@ def test_body_limit_answer_is_inside_cors():
     assert r.status_code == 413 and r.headers["access-control-allow-origin"] == "*"
 
 
+def test_body_limit_closes_the_connection_only_when_the_body_was_not_read():
+    """A third review: after a 413 answered to ``Expect: 100-continue`` the connection stayed
+    open, and the client's next request was read as the refused body. Such a 413 now says
+    ``Connection: close``; one whose body was read and dropped keeps the connection."""
+    client = TestClient(_echo_app([]))
+    r = client.post("/generate", content=b"x" * 2000,
+                    headers={"Expect": "100-continue", "Content-Length": "2000"})
+    assert r.status_code == 413 and r.headers.get("connection") == "close"
+    r = client.post("/generate", content=b"x" * 2000)
+    assert r.status_code == 413 and "connection" not in r.headers
+
+
 def test_body_limit_refuses_a_limit_below_one():
     with pytest.raises(ValueError, match="--rq-max-request-bytes"):
         http_errors.install_body_limit(fastapi.FastAPI(), 0)

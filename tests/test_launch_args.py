@@ -401,3 +401,13 @@ def test_n_is_checked_in_every_prompt_of_a_batch_and_the_flag_moves_the_limit(cl
     assert ok.parallel_sample_num == 300
     with pytest.raises(ValueError, match=r"is 301: .*\[1, 300\]"):
         _handled(GenerateReqInput(text=["a", "b"], sampling_params=[{"n": 1}, {"n": 301}]))
+
+
+@pytest.mark.parametrize("text,params", [("hi", []), (["a", "b", "c"], [{"max_new_tokens": 2}])])
+def test_a_list_of_sampling_params_must_match_the_prompts(clean_env, text, params):
+    """SGLang 0.5.23 indexed past the end of such a list (IndexError, a 500; a third review)."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    with pytest.raises(ValueError, match=rf"sampling_params is a list of {len(params)} for "
+                                         rf"{1 if isinstance(text, str) else len(text)} prompt"):
+        _handled(GenerateReqInput(text=text, sampling_params=params))
