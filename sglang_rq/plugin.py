@@ -287,17 +287,20 @@ def _input_ids_hook(original, self, obj, input_ids, *args, **kwargs):
     return original(self, obj, input_ids, *args, **kwargs)
 
 
+def _per_prompt(value) -> list:
+    """A request field that is None, one value for all prompts, or a list of one per prompt, as
+    a list (empty for None)."""
+    return [] if value is None else value if isinstance(value, list) else [value]
+
+
 def _check_logprob_args(obj, vocab: int) -> None:
     """Raise ValueError for a request's ``top_logprobs_num`` outside ``[0, vocab]`` or
     ``logprob_start_len`` below -1 (either an int or, for a batch, a list of ints)."""
-    def values(name):
-        v = getattr(obj, name, None)
-        return [] if v is None else v if isinstance(v, list) else [v]
-    for k in values("top_logprobs_num"):
+    for k in _per_prompt(getattr(obj, "top_logprobs_num", None)):
         if not 0 <= k <= vocab:
             raise ValueError(f"top_logprobs_num (OpenAI: logprobs / top_logprobs) is {k}: it must "
                              f"be in [0, {vocab}], the model's vocabulary size")
-    for start in values("logprob_start_len"):
+    for start in _per_prompt(getattr(obj, "logprob_start_len", None)):
         if start < -1:
             raise ValueError(f"logprob_start_len is {start}: it must be -1 (output tokens only) "
                              "or a prompt position >= 0")
@@ -323,7 +326,7 @@ def _parallel_samples_hook(original, self):
         raise ValueError(f"sampling_params is a list of {len(params)} for {self.batch_size} "
                          "prompt(s): give one object per prompt, or one object for all")
     most = env.RQ_MAX_N.get()
-    for sp in params if isinstance(params, list) else [] if params is None else [params]:
+    for sp in _per_prompt(params):
         if not isinstance(sp, dict) or "n" not in sp:
             continue
         n = sp["n"]

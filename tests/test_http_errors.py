@@ -75,7 +75,7 @@ def _echo_app(calls: list) -> fastapi.FastAPI:
 
 
 @pytest.mark.parametrize("chunked", [False, True])
-def test_body_limit_refuses_a_larger_body_unread_and_passes_one_within(chunked):
+def test_body_limit_refuses_a_larger_body_before_the_endpoint_and_passes_one_within(chunked):
     """A new-user review (12-05): a 30 MB prompt held the HTTP process ~30 s (SGLang tokenizes
     before its length check). Above ``--rq-max-request-bytes`` the answer is 413 and the
     endpoint never runs; at or below it, the endpoint reads the whole body."""
