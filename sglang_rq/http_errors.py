@@ -86,8 +86,9 @@ class BodyLimit:
         headers = dict(scope.get("headers") or ())
         declared = headers.get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.max_bytes:
-            waiting = headers.get(b"expect", b"").lower() == b"100-continue"
-            return await self._refuse(receive, send, int(declared), more=not waiting)
+            unsent = headers.get(b"expect", b"").lower() == b"100-continue"
+            return await self._refuse(receive, send, int(declared), more=not unsent,
+                                      unsent=unsent)
         held, size = [], 0
         while True:
             message = await receive()
@@ -105,10 +106,12 @@ class BodyLimit:
 
         return await self.app(scope, replay, send)
 
-    async def _refuse(self, receive: Any, send: Any, declared: int | None, more: bool) -> None:
+    async def _refuse(self, receive: Any, send: Any, declared: int | None, more: bool,
+                      unsent: bool = False) -> None:
         """Drop the rest of the body (while ``more``), then send the 413 (``declared``: the
-        Content-Length, or None when the body ran past the limit as it arrived)."""
-        read, unread = 0, not more  # not more here: Expect 100-continue, nothing sent yet
+        Content-Length, or None when the body ran past the limit as it arrived; ``unsent``: the
+        client waits for ``100 Continue`` before sending any)."""
+        read = 0
         try:
             while more and read <= DRAIN_FACTOR * self.max_bytes:
                 message = await asyncio.wait_for(receive(), DRAIN_WAIT_S)
@@ -116,7 +119,7 @@ class BodyLimit:
                 more = message["type"] == "http.request" and message.get("more_body", False)
         except asyncio.TimeoutError:
             pass
-        unread = unread or more
+        unread = unsent or more
         size = f"is {declared} bytes, above" if declared is not None else "runs past"
         body = json.dumps({
             "object": "error", "type": "RequestTooLargeError", "param": None, "code": 413,

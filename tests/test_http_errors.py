@@ -129,6 +129,28 @@ def test_body_limit_closes_the_connection_only_when_the_body_was_not_read():
     assert r.status_code == 413 and "connection" not in r.headers
 
 
+def test_body_limit_keeps_the_connection_when_the_last_chunk_crosses_the_limit():
+    """A body read whole (its last message crossed the limit) leaves nothing on the connection:
+    no ``Connection: close`` (found reviewing the change: the first form of the check closed
+    it). Driven as ASGI directly, since a client library splits its own chunks."""
+    import asyncio
+
+    sent: list = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"x" * 2000, "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    async def endpoint(scope, receive, send):
+        raise AssertionError("the endpoint ran")
+
+    scope = {"type": "http", "method": "POST", "path": "/generate", "headers": []}
+    asyncio.run(http_errors.BodyLimit(endpoint, 1000)(scope, receive, send))
+    assert sent[0]["status"] == 413 and b"connection" not in dict(sent[0]["headers"])
+
+
 def test_body_limit_refuses_a_limit_below_one():
     with pytest.raises(ValueError, match="--rq-max-request-bytes"):
         http_errors.install_body_limit(fastapi.FastAPI(), 0)
