@@ -24,7 +24,8 @@ seconds.
 
 ``--chained``: each point timed chained instead (`bench_decode.chained_rq`: calls back to back
 in one graph over copies of the history, no L2 flush, as the figures of record), the pool
-holding the copies.
+holding the copies; each row also keeps every arm's residual- and anchor-loop times
+(``loop_us``, µs) and the print the anchor loop's ratios.
 
 ``--l2-rows N``: each family's pool has only N rows, so every request's history wraps onto the
 same rows (`bench_decode.batch_inputs`) and, after the first touch, the reads hit the L2 (4,096
@@ -192,23 +193,30 @@ def main() -> None:
                     res["skipped"].append(f"{fam} {b}x{ctx} rep {rep}")
                     continue
                 q, kc, vc, ind, idx = inputs(view, hq, hkv, dim, b, ctx)
+                loop_us = {}
                 if a.chained:
-                    us = each_arm(rep, lambda arm: chained_rq(  # noqa: B023
-                        launch, view, q, kc, vc, ind, idx, dim, LOOPS, copies[b, ctx])["avg_ms"] * 1e3)
+                    def one(arm):  # keeps both loops' times: a change may touch only one
+                        r = chained_rq(launch, view, q, kc, vc, ind, idx, dim, LOOPS,  # noqa: B023
+                                       copies[b, ctx])  # noqa: B023
+                        loop_us[arm] = dict(resid=r["resid_ms"] * 1e3, anchor=r["anchor_ms"] * 1e3)
+                        return r["avg_ms"] * 1e3
+                    us = each_arm(rep, one)
                 else:
                     us = each_arm(rep, lambda arm: time_loops(  # noqa: B023
                         launch, view, q, kc, vc, ind, idx, dim, LOOPS)[1] * 1e3)
                 row = dict(family=fam, batch=b, ctx=ctx, rep=rep, new_us=us["new"],
                            base_us=us["base"], ratio=us["base"] / us["new"])
                 if a.chained:
-                    row["copies"] = copies[b, ctx]
+                    row.update(copies=copies[b, ctx], loop_us=loop_us)
                 if extra:
                     row["us"] = us
                 res["rows"].append(row)
                 print(f"{fam:12s} {b:3d} x {ctx:6d} rep {rep}: "
                       + ", ".join(f"{n} {us[n]:8.1f} us" for n in names) + ", "
-                      + ", ".join(f"base/{n} {us['base'] / us[n]:.3f}" for n in names if n != "base"),
-                      flush=True)
+                      + ", ".join(f"base/{n} {us['base'] / us[n]:.3f}" for n in names if n != "base")
+                      + "".join(f", anchor loop base/{n} "
+                                f"{loop_us['base']['anchor'] / loop_us[n]['anchor']:.3f}"
+                                for n in names if n != "base" and loop_us), flush=True)
                 write_json(res, a.out, "bench_tc_ab.json")
 
     for fam, pts in points.items():
