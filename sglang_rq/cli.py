@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 
+from sglang_rq.cli_values import positive_error
 from sglang_rq.config import RQConfig, RQConfigError, add_cli_args
 
 
@@ -43,8 +44,8 @@ def kv_size(argv: list[str]) -> int:
     args = p.parse_args(argv)
     for flag, value in (("--memory-gb", args.memory_gb), ("--staging-tokens", args.staging_tokens),
                         ("--max-running-requests", args.max_running_requests)):
-        if value is not None and value <= 0:
-            p.error(f"{flag}={value} must be > 0 (leave the flag out for its default)")
+        if (err := positive_error(flag, value)) is not None:
+            p.error(err)
     if args.tp_size < 1:
         p.error(f"--tp-size={args.tp_size} must be >= 1")
     shape = layout.ModelKVShape.from_hf_config(args.model_config, tp_size=args.tp_size)

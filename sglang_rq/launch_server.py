@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from sglang_rq import env
+from sglang_rq.cli_values import positive_error
 from sglang_rq.config import RQConfig, RQConfigError, add_cli_args
 from sglang_rq.layout import HUGINN_MODEL_TYPE
 from sglang_rq.models.embedded import EMBEDDED_MODEL
@@ -83,7 +84,7 @@ _IGNORED_WHEN_DISABLED = _format_flags() | {"--rq-staging-tokens"}
 def check_serving_values(ours: argparse.Namespace) -> None:
     """Refuse a serving flag's value that would otherwise be ignored or misread: a KV budget,
     staging size, canary interval, recurrence count, request-body limit or n limit given as zero
-    or below, a canary file that does not exist (readiness would never pass), or a KV budget
+    or below (or NaN, or infinite), a canary file that does not exist (readiness would never pass), or a KV budget
     above this machine's memory (CUDA: device 0's; CPU: physical RAM). The exact room left for
     the KV cache is only known once the weights are loaded (the scheduler's check).
 
@@ -98,9 +99,8 @@ def check_serving_values(ours: argparse.Namespace) -> None:
                         ("--rq-recurrences", ours.rq_recurrences),
                         ("--rq-max-request-bytes", ours.rq_max_request_bytes),
                         ("--rq-max-n", ours.rq_max_n)):
-        if value is not None and value <= 0:
-            raise RQConfigError(f"{flag}={value} must be > 0 (leave the flag out for its "
-                                "default)")
+        if (err := positive_error(flag, value)) is not None:
+            raise RQConfigError(err)
     if ours.rq_canary_file and not os.path.isfile(ours.rq_canary_file):
         raise RQConfigError(f"--rq-canary-file={ours.rq_canary_file}: no such file (give a "
                             "recorded canary spec, or leave the flag out for "

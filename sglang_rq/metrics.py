@@ -163,6 +163,7 @@ def publish_kv_format(*, cfg: RQConfig, shape: ModelKVShape, page_size: int, sta
     fams["rotation"].set(layout.rotation_bytes(shape, cfg))
     fams["pool_tokens"].set(pool_tokens)
     fams["pool_bytes"].set(pool_bytes)
+    fams["graphs_stopped"].set(0)  # a sample from the start (mark_decode_graphs_stopped: 1)
 
 
 _portable_published = False

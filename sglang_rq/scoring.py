@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 
 import requests
 
+from sglang_rq.cli_values import positive_error
+
 
 class ScoringError(RuntimeError):
     """A step did not run as decode would (prefix not cached as expected) or the server's reply
@@ -166,7 +168,18 @@ def main(argv: list[str] | None = None) -> int:
                         "logits / T, as returned for requests sampled at T.")
     p.add_argument("--timeout", type=float, default=600.0, help="Seconds per request.")
     args = p.parse_args(argv)
-    raw = json.load(sys.stdin if args.input_ids_file == "-" else open(args.input_ids_file))
+    try:
+        if args.input_ids_file == "-":
+            raw = json.load(sys.stdin)
+        else:
+            with open(args.input_ids_file) as f:
+                raw = json.load(f)
+    except (OSError, ValueError) as exc:  # a missing file, or not JSON
+        p.error(f"--input-ids-file={args.input_ids_file}: {exc}")
+    if isinstance(raw, dict) and "input_ids" not in raw:
+        p.error(f"--input-ids-file={args.input_ids_file}: an object needs 'input_ids'")
+    if (err := positive_error("--timeout", args.timeout)) is not None:
+        p.error(err)
     ids = raw["input_ids"] if isinstance(raw, dict) else raw
     start = args.start if args.start is not None else (
         raw.get("start", 1) if isinstance(raw, dict) else 1)

@@ -140,6 +140,8 @@ def test_kv_metrics_equal_hand_computed_bytes(servers):
     assert sample(text, "sglang_rq_kv_format_info", info) == 1
     assert sample(text, "sglang_rq_nonfinite_attention_outputs_total") == 0
     assert sample(text, "sglang_rq_fallbacks_total", 'path="commit"') == 0
+    # a sample from the start, as the module promises (a new-user review found only HELP/TYPE)
+    assert sample(text, "sglang_rq_decode_graphs_stopped") == 0
     # sglang_rq.dispatch: the C library serves every path of the default format on CPU
     for path in ("commit", "decode", "extend"):
         assert sample(text, "sglang_rq_kernel_path_info", f'impl="c",path="{path}",reason=""') == 1

@@ -136,6 +136,19 @@ def test_promtool_check_rules_and_config(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_fallback_alert_ignores_the_twin_served_prelude_and_coda(tmp_path):
+    """``promtool test rules`` on series in the shape of a real Huginn worker's (helper review,
+    session 38: 490 ``unlooped_commit`` forwards after a few requests, by design) and of a
+    decode fallback: only the latter fires."""
+    promtool = _promtool()
+    spec = yaml.safe_load((REPO / "tests/data/fallback_alert.promtest.yml").read_text())
+    spec["rule_files"] = [str(RULES)]
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(spec))
+    r = subprocess.run([promtool, "test", "rules", str(tmp_path / "t.yml")], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_grafana_dashboard_and_provisioning():
     dash = json.loads(DASHBOARD.read_text())
     ds = yaml.safe_load((DEPLOY / "grafana/provisioning/datasources/prometheus.yml").read_text())

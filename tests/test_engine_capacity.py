@@ -154,6 +154,32 @@ def test_task_runner_against_rq_server(servers, task, tmp_path):
     assert all(isinstance(r["output"], str) for r in report["results"])
 
 
+def test_task_runner_errors_name_the_cause(servers, tmp_path, capsys):
+    """A new-user review (session 38) got tracebacks from `sglang-rq tasks`: an HTTPError hiding
+    the server's message for a --max-tokens past the context, a KeyError for the usual OpenAI
+    base URL (``.../v1``), an IsADirectoryError for ``--out DIR`` after the whole run; and
+    ``--model nosuchmodel`` graded the served model (SGLang ignores the name)."""
+    from sglang_rq.quality import tasks
+    from sglang_rq.quality.data import data_dir_with
+
+    if data_dir_with("gsm8k") is None:
+        pytest.skip("no data directory with gsm8k (SGLANG_RQ_DATA_DIR or ../shared/data)")
+    rq, _ = servers
+    args = ["--task", "gsm8k", "--limit", "1"]
+    assert tasks.main(["--url", rq.url, *args, "--max-tokens", "100000"]) == 1
+    err = capsys.readouterr().err
+    assert "HTTP 400" in err and "maximum context length" in err, err
+    assert tasks.main(["--url", rq.url, *args, "--model", "nosuchmodel"]) == 2
+    assert "--model=nosuchmodel: the server at" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        tasks.main(["--url", rq.url, *args, "--out", str(tmp_path)])
+    assert f"--out={tmp_path} is a directory" in capsys.readouterr().err
+    out = tmp_path / "r.json"
+    assert tasks.main(["--url", rq.url + "/v1/", *args, "--max-tokens", "8",
+                       "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["summary"]["n"] == 1
+
+
 def test_greedy_matches_recorded_cpu_tokens(servers):
     """The embedded model's greedy tokens on CPU, both pools, equal the recorded ones up to the
     first near-tie (tests/embedded_greedy.py); the GPU tests compare rq_triton and SGLang's BF16

@@ -182,6 +182,10 @@ def test_taken_port_is_refused_with_the_flag_named():
         assert why == (f"--port={port}: 127.0.0.1:{port} is already in use (another server "
                        "listening there?); stop it or pass a free --port")
     assert port_in_use_reason("127.0.0.1", port) is None  # free again once closed
+    # a new-user review (session 38): the resolver wraps 99999 to 34463 (the check passed, SGLang
+    # then listened on 34463 while its warm-up called 99999), and -1 was blamed on --host
+    for bad in (99999, 65536, 0, -1):
+        assert port_in_use_reason("127.0.0.1", bad) == f"--port={bad}: must be 1-65535"
 
 
 def test_model_directory_without_config_is_refused(clean_env, tmp_path):
@@ -218,15 +222,20 @@ def test_mistyped_flag_is_one_line_with_the_closest_flags():
                                         ("--rq-canary-interval-s", "-5"),
                                         ("--rq-recurrences", "0"),
                                         ("--rq-max-request-bytes", "0"),
-                                        ("--rq-max-n", "-1")])
+                                        ("--rq-max-n", "-1"),
+                                        ("--rq-canary-interval-s", "nan"),
+                                        ("--rq-canary-interval-s", "inf"),
+                                        ("--rq-kv-budget-gb", "nan")])
 def test_serving_values_below_one_are_refused(clean_env, flag, value):
     """Found by a fresh-clone check: a negative KV budget started a server sized by SGLang's
     RAM profiling (18.7 GB on a 23 GB host), and a zero staging size or recurrence count was
-    silently replaced by the default."""
+    silently replaced by the default. A new-user review (session 38): ``--rq-canary-interval-s
+    nan`` passed the ``<= 0`` test and the canary then sent about 125 requests a second; a NaN
+    budget stopped on a ValueError traceback."""
     from sglang_rq.config import RQConfigError
 
     shown = float(value) if flag in ("--rq-kv-budget-gb", "--rq-canary-interval-s") else value
-    with pytest.raises(RQConfigError, match=f"{flag}={shown} must be > 0"):
+    with pytest.raises(RQConfigError, match=f"{flag}={shown} must be > 0 and finite"):
         prepare_environment([flag, value])
 
 

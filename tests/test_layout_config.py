@@ -153,6 +153,11 @@ def test_kv_size_cli_json(tmp_path):
     neg = subprocess.run([sys.executable, "-m", "sglang_rq.cli", "kv-size", "--model-config", str(cfg),
                           "--memory-gb", "-1"], capture_output=True, text=True)
     assert neg.returncode == 2 and "--memory-gb=-1.0 must be > 0" in neg.stderr
+    for value in ("nan", "inf"):  # a ValueError / OverflowError traceback before (session 38)
+        r = subprocess.run([sys.executable, "-m", "sglang_rq.cli", "kv-size", "--model-config",
+                            str(cfg), "--memory-gb", value], capture_output=True, text=True)
+        assert r.returncode == 2 and f"--memory-gb={float(value)} must be > 0 and finite" in r.stderr
+        assert "Traceback" not in r.stderr
 
 
 def test_cli_help_lists_commands_and_names_an_unknown_one():

@@ -26,6 +26,7 @@ import torch
 
 from sglang_rq.config import RQConfig, add_cli_args
 from sglang_rq.layout import kv_slot
+from sglang_rq.models.ouro_config import OURO_MODEL_TYPE
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -50,6 +51,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--out={a.out} must end in .safetensors (the server's --rq-rotation loads it)")
     if a.windows < 2 or a.window_tokens < 8 or a.steps < 0:
         p.error("--windows >= 2, --window-tokens >= 8 and --steps >= 0 are required")
+    cfg_path = Path(a.model_path) / "config.json"
+    try:
+        model_type = json.loads(cfg_path.read_text()).get("model_type")
+    except (OSError, ValueError) as exc:
+        p.error(f"--model-path={a.model_path}: cannot read {cfg_path} ({exc})")
+    if model_type != OURO_MODEL_TYPE:  # the capture runs the PyTorch Ouro reference
+        p.error(f"--model-path={a.model_path}: model_type {model_type!r}; calibrate captures K/V "
+                f"with the Ouro reference and supports only {OURO_MODEL_TYPE!r} checkpoints")
     try:
         a.data_dir = resolve_data_dir(a.data_dir)
     except FileNotFoundError as exc:

@@ -63,8 +63,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if a.doc_tokens <= a.chunk + 1:
         p.error(f"--doc-tokens={a.doc_tokens} must exceed --chunk={a.chunk} + 1 (positions after "
                 "the first chunk are the ones scored)")
+    if not (Path(a.model_path) / "config.json").is_file():
+        p.error(f"--model-path={a.model_path}: no config.json there (give a local checkpoint "
+                "directory)")
     try:
         a.format_names = ladder.resolve(a.formats)
+        for name in a.format_names:
+            if name.startswith("rotation=") and not Path(name.split("=", 1)[1]).is_file():
+                raise ValueError(f"--formats {name}: no such file")
         a.dataset_names = [d.strip() for d in a.datasets.split(",") if d.strip()]
         for d in a.dataset_names:
             if d not in data.DATASETS:
@@ -244,8 +250,9 @@ def main(argv: list[str]) -> int:
         try:
             raw[name] = run_format(name, args, docs, prompts, args.out)
         except (RuntimeError, TimeoutError, requests.RequestException) as exc:
-            if name == "bf16":
-                raise  # the reference is needed by every comparison
+            if name == "bf16":  # the reference is needed by every comparison
+                print(f"error: the bf16 reference server failed: {exc}", file=sys.stderr)
+                return 1
             failed[name] = str(exc)[-2000:]
             print(f"[eval] {name} FAILED (continuing): {str(exc)[-400:]}", file=sys.stderr, flush=True)
     results = {"settings": {"model_path": args.model_path, "datasets": args.dataset_names,

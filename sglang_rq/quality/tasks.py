@@ -34,6 +34,8 @@ from pathlib import Path
 
 import requests
 
+from sglang_rq.cli_values import positive_error
+
 TASKS = ("gsm8k", "math500", "humaneval", "mbpp", "arc_easy")
 _NUM = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
@@ -169,23 +171,48 @@ class Client:
     """Greedy requests to an OpenAI-compatible server (``/v1/chat/completions``, ``/v1/completions``)."""
 
     def __init__(self, url: str, model: str | None, max_tokens: int) -> None:
-        self.url = url.rstrip("/")
+        """``url``: the server's base URL, or its OpenAI base (``.../v1``). Raises ValueError
+        naming ``--url`` or ``--model`` where the server lists no such model (SGLang answers
+        any model name with its own model, so a typo would grade that one)."""
+        self.url = url.rstrip("/").removesuffix("/v1")
         self.max_tokens = max_tokens
-        self.model = model or requests.get(self.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+        listed = _json(requests.get(self.url + "/v1/models", timeout=30))
+        ids = [m.get("id") for m in listed.get("data", [])] if isinstance(listed, dict) else []
+        if not ids:
+            raise ValueError(f"--url={url}: {self.url}/v1/models lists no model (is it an "
+                             "OpenAI-compatible server?)")
+        if model is not None and model not in ids:
+            raise ValueError(f"--model={model}: the server at {self.url} serves {ids}")
+        self.model = model or ids[0]
 
     def chat(self, content: str) -> str:
         r = requests.post(self.url + "/v1/chat/completions", json={
             "model": self.model, "temperature": 0, "max_tokens": self.max_tokens,
             "messages": [{"role": "user", "content": content}]}, timeout=1800)
-        r.raise_for_status()
-        return r.json()["choices"][0]["message"]["content"] or ""
+        return _json(r)["choices"][0]["message"]["content"] or ""
 
     def complete(self, prompt: str, stop: list[str]) -> str:
         r = requests.post(self.url + "/v1/completions", json={
             "model": self.model, "temperature": 0, "max_tokens": self.max_tokens,
             "prompt": prompt, "stop": stop}, timeout=1800)
-        r.raise_for_status()
-        return r.json()["choices"][0]["text"] or ""
+        return _json(r)["choices"][0]["text"] or ""
+
+
+class ServerError(RuntimeError):
+    """The server refused a request; the message is the server's own (e.g. a ``--max-tokens``
+    past the model's context)."""
+
+
+def _json(r: requests.Response):
+    """``r``'s JSON body; raises ServerError with the server's message for an HTTP error."""
+    if r.status_code >= 400:
+        try:
+            body = r.json()
+            msg = body.get("message") or body.get("error") or body
+        except ValueError:
+            msg = r.text[:500]
+        raise ServerError(f"{r.request.method} {r.url}: HTTP {r.status_code}: {msg}")
+    return r.json()
 
 
 def grade(task: str, row: dict, client: Client, *, timeout_s: float, mbpp_shots: list[dict]) -> dict:
@@ -222,7 +249,8 @@ def main(argv: list[str]) -> int:
 
     p = argparse.ArgumentParser(prog="sglang-rq tasks", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", required=True, help="Server or router base URL, e.g. http://127.0.0.1:30000")
+    p.add_argument("--url", required=True,
+                   help="Server or router base URL, e.g. http://127.0.0.1:30000 (or its /v1 form)")
     p.add_argument("--task", required=True, choices=TASKS)
     p.add_argument("--limit", type=int, default=50, help="Problems to ask (from the start of the file).")
     p.add_argument("--concurrency", type=int, default=8, help="Requests in flight.")
@@ -236,19 +264,27 @@ def main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     if a.limit < 1 or a.concurrency < 1 or a.max_tokens < 1:
         p.error("--limit, --concurrency and --max-tokens must be >= 1")
+    if (err := positive_error("--timeout-s", a.timeout_s)) is not None:
+        p.error(err)
+    if a.out is not None and a.out.is_dir():
+        p.error(f"--out={a.out} is a directory; give the JSON file to write")
     try:
         a.data_dir = resolve_data_dir(a.data_dir)
         rows = load_problems(a.task, a.data_dir, a.limit)
         shots = ([r for r in (json.loads(x) for x in (a.data_dir / "mbpp/mbpp.jsonl").read_text().splitlines())
                   if r["task_id"] in (2, 3, 4)] if a.task == "mbpp" else [])
         client = Client(a.url, a.model, a.max_tokens)
-    except (ValueError, FileNotFoundError, requests.RequestException) as exc:
+    except (ValueError, FileNotFoundError, requests.RequestException, ServerError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     t0 = time.time()
-    with cf.ThreadPoolExecutor(a.concurrency) as pool:
-        results = list(pool.map(lambda r: grade(a.task, r, client, timeout_s=a.timeout_s,
-                                                mbpp_shots=shots), rows))
+    try:
+        with cf.ThreadPoolExecutor(a.concurrency) as pool:
+            results = list(pool.map(lambda r: grade(a.task, r, client, timeout_s=a.timeout_s,
+                                                    mbpp_shots=shots), rows))
+    except (requests.RequestException, ServerError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     acc = sum(r["correct"] for r in results) / len(results)
     summary = {"task": a.task, "url": a.url, "model": client.model, "n": len(results),
                "accuracy": acc, "seconds": time.time() - t0}

@@ -1,0 +1,56 @@
+"""Bad input to the offline commands (``score``, ``eval``, ``calibrate``) is an argparse error
+naming the flag, given before any work starts: a new-user review (session 38) got Python
+tracebacks (a missing or non-JSON ids file, a missing model directory, a Huginn checkpoint for
+the Ouro-only calibration) or the error only after a 69 s reference run (a missing rotation
+file)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_rq.models.embedded import EMBEDDED_MODEL
+
+HUGINN = Path(EMBEDDED_MODEL).parent / "mini-huginn"
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sglang_rq.cli", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("content,needle", [
+    (None, "No such file"), ("[1, 2,", "Expecting value"), ('{"ids": [1]}', "needs 'input_ids'")])
+def test_score_ids_file_errors(tmp_path, content, needle):
+    path = tmp_path / "ids.json"
+    if content is not None:
+        path.write_text(content)
+    r = _cli("score", "--url", "http://127.0.0.1:9", "--input-ids-file", str(path))
+    assert r.returncode == 2 and f"--input-ids-file={path}: " in r.stderr and needle in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_score_timeout_must_be_positive(tmp_path):
+    (tmp_path / "ids.json").write_text("[1, 2, 3]")
+    r = _cli("score", "--input-ids-file", str(tmp_path / "ids.json"), "--timeout", "nan")
+    assert r.returncode == 2 and "--timeout=nan must be > 0 and finite" in r.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model-path", "/nonexistent"], "--model-path=/nonexistent: no config.json there"),
+    (["--formats", "rotation=/nonexistent.safetensors"],
+     "--formats rotation=/nonexistent.safetensors: no such file"),
+])
+def test_eval_refuses_before_serving(tmp_path, args, needle):
+    r = _cli("eval", "--out", str(tmp_path / "o"), *args)
+    assert r.returncode == 2 and needle in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "o").exists()
+
+
+def test_calibrate_refuses_a_model_it_cannot_capture(tmp_path):
+    r = _cli("calibrate", "--model-path", str(HUGINN), "--out", str(tmp_path / "r.safetensors"))
+    assert r.returncode == 2 and "model_type 'huginn_raven'" in r.stderr, r.stderr
+    assert "supports only 'ouro'" in r.stderr and "Traceback" not in r.stderr
