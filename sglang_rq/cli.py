@@ -46,6 +46,8 @@ def kv_size(argv: list[str]) -> int:
                         ("--max-running-requests", args.max_running_requests)):
         if (err := positive_error(flag, value)) is not None:
             p.error(err)
+    if args.memory_gb is not None and args.memory_gb > 2**33:  # 8 EiB: past int64 bytes
+        p.error(f"--memory-gb={args.memory_gb} is past what a byte count holds (2^33 GiB)")
     if args.tp_size < 1:
         p.error(f"--tp-size={args.tp_size} must be >= 1")
     shape = layout.ModelKVShape.from_hf_config(args.model_config, tp_size=args.tp_size)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -81,10 +82,16 @@ def _format_flags() -> frozenset[str]:
 _IGNORED_WHEN_DISABLED = _format_flags() | {"--rq-staging-tokens"}
 
 
+#: The shortest canary interval: a canary check is a request on the worker it watches.
+MIN_CANARY_INTERVAL_S = 1.0
+
+
 def check_serving_values(ours: argparse.Namespace) -> None:
     """Refuse a serving flag's value that would otherwise be ignored or misread: a KV budget,
-    staging size, canary interval, recurrence count, request-body limit or n limit given as zero
-    or below (or NaN, or infinite), a canary file that does not exist (readiness would never pass), or a KV budget
+    staging size, recurrence count, request-body limit or n limit given as zero or below (or NaN,
+    or infinite), a canary interval (flag, else ``SGLANG_RQ_CANARY_INTERVAL_S``) below
+    `MIN_CANARY_INTERVAL_S` or not finite, a canary file (flag, else ``SGLANG_RQ_CANARY_FILE``)
+    that does not exist (readiness would never pass), or a KV budget
     above this machine's memory (CUDA: device 0's; CPU: physical RAM). The exact room left for
     the KV cache is only known once the weights are loaded (the scheduler's check).
 
@@ -95,14 +102,27 @@ def check_serving_values(ours: argparse.Namespace) -> None:
     """
     for flag, value in (("--rq-kv-budget-gb", ours.rq_kv_budget_gb),
                         ("--rq-staging-tokens", ours.rq_staging_tokens),
-                        ("--rq-canary-interval-s", ours.rq_canary_interval_s),
                         ("--rq-recurrences", ours.rq_recurrences),
                         ("--rq-max-request-bytes", ours.rq_max_request_bytes),
                         ("--rq-max-n", ours.rq_max_n)):
         if (err := positive_error(flag, value)) is not None:
             raise RQConfigError(err)
-    if ours.rq_canary_file and not os.path.isfile(ours.rq_canary_file):
-        raise RQConfigError(f"--rq-canary-file={ours.rq_canary_file}: no such file (give a "
+    # the canary's two settings as the server will read them: the flag, else the variable
+    # (a review found SGLANG_RQ_CANARY_INTERVAL_S=nan unchecked: the canary looped without sleeping)
+    try:
+        interval, name = ((ours.rq_canary_interval_s, "--rq-canary-interval-s")
+                          if ours.rq_canary_interval_s is not None
+                          else (env.RQ_CANARY_INTERVAL_S.get(), env.RQ_CANARY_INTERVAL_S.name))
+    except ValueError as exc:
+        raise RQConfigError(str(exc)) from exc
+    if not MIN_CANARY_INTERVAL_S <= interval < math.inf:
+        raise RQConfigError(f"{name}={interval} must be at least {MIN_CANARY_INTERVAL_S:g} s and "
+                            "finite (each check is a request to this worker; leave it out for "
+                            f"the default {env.RQ_CANARY_INTERVAL_S.default:g} s)")
+    canary_file, name = ((ours.rq_canary_file, "--rq-canary-file") if ours.rq_canary_file
+                         else (env.RQ_CANARY_FILE.get(), env.RQ_CANARY_FILE.name))
+    if canary_file and not os.path.isfile(canary_file):
+        raise RQConfigError(f"{name}={canary_file}: no such file (give a "
                             "recorded canary spec, or leave the flag out for "
                             "<model-path>/canary.json)")
     if ours.rq_kv_budget_gb is not None:

@@ -180,9 +180,20 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--input-ids-file={args.input_ids_file}: an object needs 'input_ids'")
     if (err := positive_error("--timeout", args.timeout)) is not None:
         p.error(err)
+    if not 0 <= args.temperature < float("inf"):
+        p.error(f"--temperature={args.temperature} must be >= 0 and finite")
     ids = raw["input_ids"] if isinstance(raw, dict) else raw
     start = args.start if args.start is not None else (
         raw.get("start", 1) if isinstance(raw, dict) else 1)
+
+    def is_int(x) -> bool:  # JSON integers only: not 1.5, true, or the characters of "123"
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    if not isinstance(ids, list) or not all(is_int(t) for t in ids):
+        p.error(f"--input-ids-file={args.input_ids_file}: 'input_ids' (or the file's list) must be "
+                "a JSON list of integer token ids")
+    if not is_int(start):
+        p.error(f"start={start!r} (--start or the file's 'start') must be an integer")
     try:
         steps = score_steps(args.url, ids, start, top_k=args.top_k,
                             temperature=args.temperature, timeout=args.timeout)

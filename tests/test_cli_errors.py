@@ -23,13 +23,22 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("content,needle", [
-    (None, "No such file"), ("[1, 2,", "Expecting value"), ('{"ids": [1]}', "needs 'input_ids'")])
+    (None, "No such file"), ("[1, 2,", "Expecting value"), ('{"ids": [1]}', "needs 'input_ids'"),
+    # the fix's review: tracebacks (5, null) or silently misread ("123" as [1, 2, 3], 1.5 as 1,
+    # true as 1)
+    ("5", "must be a JSON list of integer token ids"),
+    ("null", "must be a JSON list of integer token ids"),
+    ('"123"', "must be a JSON list of integer token ids"),
+    ("[1.5, 2, 3]", "must be a JSON list of integer token ids"),
+    ("[true, false, 3]", "must be a JSON list of integer token ids"),
+    ('{"input_ids": [1, 2, 3], "start": "2"}', "start='2' (--start or the file's 'start')")])
 def test_score_ids_file_errors(tmp_path, content, needle):
     path = tmp_path / "ids.json"
     if content is not None:
         path.write_text(content)
     r = _cli("score", "--url", "http://127.0.0.1:9", "--input-ids-file", str(path))
-    assert r.returncode == 2 and f"--input-ids-file={path}: " in r.stderr and needle in r.stderr
+    assert r.returncode == 2 and needle in r.stderr, r.stderr
+    assert needle.startswith("start=") or f"--input-ids-file={path}: " in r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -54,3 +63,21 @@ def test_calibrate_refuses_a_model_it_cannot_capture(tmp_path):
     r = _cli("calibrate", "--model-path", str(HUGINN), "--out", str(tmp_path / "r.safetensors"))
     assert r.returncode == 2 and "model_type 'huginn_raven'" in r.stderr, r.stderr
     assert "supports only 'ouro'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_kv_size_budget_past_a_byte_count():
+    """``--memory-gb 1e300`` is finite, and overflowed int64 bytes (a traceback; fix review)."""
+    r = _cli("kv-size", "--model-config", str(EMBEDDED_MODEL), "--memory-gb", "1e300")
+    assert r.returncode == 2 and "--memory-gb=1e+300 is past what a byte count holds" in r.stderr
+
+
+def test_out_paths_refused_before_the_run(tmp_path):
+    """``tasks --out`` under a file and ``eval --out`` naming a file failed only after the run or
+    with a traceback (fix review)."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    r = _cli("tasks", "--url", "http://127.0.0.1:9", "--task", "gsm8k", "--out",
+             str(afile / "res.json"))
+    assert r.returncode == 2 and f"--out={afile / 'res.json'}: a parent of it is a file" in r.stderr
+    r = _cli("eval", "--out", str(afile))
+    assert r.returncode == 2 and f"--out={afile} is a file" in r.stderr

@@ -136,10 +136,10 @@ def test_promtool_check_rules_and_config(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_fallback_alert_ignores_the_twin_served_prelude_and_coda(tmp_path):
-    """``promtool test rules`` on series in the shape of a real Huginn worker's (helper review,
-    session 38: 490 ``unlooped_commit`` forwards after a few requests, by design) and of a
-    decode fallback: only the latter fires."""
+def test_fallback_alert_ignores_formats_no_kernel_serves(tmp_path):
+    """``promtool test rules`` on series in the shape of a real Huginn worker's (a new-user
+    review, session 38: 490 ``unlooped_commit`` forwards after a few requests, by design: its
+    BF16 prelude/coda has no kernel) and of two real fallbacks: only those fire."""
     promtool = _promtool()
     spec = yaml.safe_load((REPO / "tests/data/fallback_alert.promtest.yml").read_text())
     spec["rule_files"] = [str(RULES)]

@@ -219,12 +219,9 @@ def test_mistyped_flag_is_one_line_with_the_closest_flags():
 
 @pytest.mark.parametrize("flag,value", [("--rq-kv-budget-gb", "-1"), ("--rq-kv-budget-gb", "0"),
                                         ("--rq-staging-tokens", "0"),
-                                        ("--rq-canary-interval-s", "-5"),
                                         ("--rq-recurrences", "0"),
                                         ("--rq-max-request-bytes", "0"),
                                         ("--rq-max-n", "-1"),
-                                        ("--rq-canary-interval-s", "nan"),
-                                        ("--rq-canary-interval-s", "inf"),
                                         ("--rq-kv-budget-gb", "nan")])
 def test_serving_values_below_one_are_refused(clean_env, flag, value):
     """Found by a fresh-clone check: a negative KV budget started a server sized by SGLang's
@@ -234,9 +231,27 @@ def test_serving_values_below_one_are_refused(clean_env, flag, value):
     budget stopped on a ValueError traceback."""
     from sglang_rq.config import RQConfigError
 
-    shown = float(value) if flag in ("--rq-kv-budget-gb", "--rq-canary-interval-s") else value
+    shown = float(value) if flag == "--rq-kv-budget-gb" else value
     with pytest.raises(RQConfigError, match=f"{flag}={shown} must be > 0 and finite"):
         prepare_environment([flag, value])
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "0.5", "1e-9", "nan", "inf"])
+@pytest.mark.parametrize("by_env", [False, True])
+def test_canary_interval_below_a_second_or_not_finite_is_refused(clean_env, monkeypatch, value,
+                                                                  by_env):
+    """A new-user review (session 38): ``--rq-canary-interval-s nan`` passed a ``<= 0`` test and
+    the canary sent ~125 requests a second; the fix's second review found the same through
+    ``SGLANG_RQ_CANARY_INTERVAL_S=nan`` (unchecked: /rq/ready then a 500, and SIGTERM never
+    drained) and through 1e-9 (back-to-back checks)."""
+    from sglang_rq.config import RQConfigError
+
+    name = "SGLANG_RQ_CANARY_INTERVAL_S" if by_env else "--rq-canary-interval-s"
+    if by_env:
+        monkeypatch.setenv(name, value)
+    with pytest.raises(RQConfigError, match=rf"{name}={float(value)} must be at least 1 s and "
+                                            "finite"):
+        prepare_environment([] if by_env else [name, value])
 
 
 def test_missing_canary_file_is_refused(clean_env, tmp_path):
@@ -247,6 +262,9 @@ def test_missing_canary_file_is_refused(clean_env, tmp_path):
     missing = tmp_path / "nope.json"
     with pytest.raises(RQConfigError, match=f"--rq-canary-file={missing}: no such file"):
         prepare_environment(["--rq-canary-file", str(missing)])
+    os.environ["SGLANG_RQ_CANARY_FILE"] = str(missing)  # the variable, as k8s would set it
+    with pytest.raises(RQConfigError, match=f"SGLANG_RQ_CANARY_FILE={missing}: no such file"):
+        prepare_environment([])
     spec = tmp_path / "canary.json"
     spec.write_text("{}")
     prepare_environment(["--rq-canary-file", str(spec)])  # exists: its contents are checked later

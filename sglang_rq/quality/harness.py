@@ -63,6 +63,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if a.doc_tokens <= a.chunk + 1:
         p.error(f"--doc-tokens={a.doc_tokens} must exceed --chunk={a.chunk} + 1 (positions after "
                 "the first chunk are the ones scored)")
+    if a.out.exists() and not a.out.is_dir():
+        p.error(f"--out={a.out} is a file; give the directory to write the results to")
     if not (Path(a.model_path) / "config.json").is_file():
         p.error(f"--model-path={a.model_path}: no config.json there (give a local checkpoint "
                 "directory)")

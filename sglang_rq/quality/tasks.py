@@ -268,6 +268,8 @@ def main(argv: list[str]) -> int:
         p.error(err)
     if a.out is not None and a.out.is_dir():
         p.error(f"--out={a.out} is a directory; give the JSON file to write")
+    if a.out is not None and any(d.exists() and not d.is_dir() for d in a.out.parents):
+        p.error(f"--out={a.out}: a parent of it is a file")
     try:
         a.data_dir = resolve_data_dir(a.data_dir)
         rows = load_problems(a.task, a.data_dir, a.limit)
