@@ -92,12 +92,12 @@ def _build() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(target))
     fn = lib.rq_history_attention
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 4 + [
+    fn.argtypes = [ctypes.c_int64] * 8 + [ctypes.c_void_p] * 4 + [
         ctypes.POINTER(_StoredLoop), ctypes.c_int64, ctypes.c_float, ctypes.c_void_p,
         ctypes.c_void_p]
     fn = lib.rq_commit
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 2 + [
+    fn.argtypes = [ctypes.c_int64] * 6 + [ctypes.c_void_p] * 2 + [
         ctypes.POINTER(_StoredLoop), ctypes.c_void_p, ctypes.c_int32]
     return lib
 
@@ -153,6 +153,25 @@ def _stored_loops(view: CompressedLayerView, chain: list[int]) -> ctypes.Array:
     return arr
 
 
+def _pool_rows(view: CompressedLayerView) -> int:
+    """Pool rows every tensor of ``view`` has (the bound the C library checks indices against)."""
+    tensors = [t for ts in (view.codes, view.scale_offset, view.coef) for t in ts if t is not None]
+    return min(t.shape[0] for t in tensors)
+
+
+def _call_error(name: str, rc: int, *, T: int, nnz: int, rows: int) -> Exception:
+    """The exception for the C library's return code ``rc`` (its functions' comments list them)."""
+    if rc == -4:
+        return ValueError(f"qo_indptr must rise from 0 to the {T} query rows")
+    if rc == -5:
+        return ValueError(f"kv_indptr must rise from 0 or more to at most the {nnz} entries of "
+                          "kv_indices")
+    if rc == -6:
+        which = "loc" if name == "rq_commit" else "kv_indices"
+        return ValueError(f"{which} holds a pool row outside [0, {rows})")
+    return RuntimeError(f"{name} failed with code {rc}")
+
+
 # The pool's views live as long as the server and their buffers never move, so each (view,
 # loop)'s argument block is built once, keyed by the view's id; a finalizer drops the entry when
 # the view is collected, so a later object reusing the id never sees it.
@@ -176,7 +195,7 @@ def _chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo: list
     """Causal attention of each request's chunk on itself: ``[T, HQ, D]`` fp32 and lse ``[T, HQ]``."""
     T, HQ, D = q.shape
     gq = HQ // k.shape[1]
-    if qo[-1] == len(qo) - 1:  # decode (one row per request): the token itself
+    if qo == list(range(len(qo))):  # decode (one row per request): the token itself
         if gq > 1:
             k, v = k.repeat_interleave(gq, dim=1), v.repeat_interleave(gq, dim=1)
         return v, (q * k).sum(-1) * sm_scale
@@ -233,7 +252,10 @@ def extend_attention_cpu(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tens
     ------
     ValueError
         For a format or host the C path does not serve (`fallback_reason`); the caller runs the
-        twin `sglang_rq.reference.extend_attention_reference`.
+        twin `sglang_rq.reference.extend_attention_reference`. Also for index tensors that do
+        not describe the call (the library checks them before any work): ``qo_indptr`` not
+        rising from 0 to ``num_tokens``, ``kv_indptr`` not rising within ``kv_indices``, or a
+        pool row outside the view.
     """
     why = fallback_reason(view)
     if why is not None:
@@ -258,12 +280,15 @@ def extend_attention_cpu(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tens
     kv64 = kv_indptr.to(torch.int64).contiguous()
     idx64 = kv_indices.to(torch.int64).contiguous()
     chain_args, chain_len = _loop_args(view, loop_id)
+    if len(kv64) != len(qo64):
+        raise ValueError(f"kv_indptr has {len(kv64)} entries and qo_indptr {len(qo64)}: need "
+                         "batch_size + 1 each")
     rc = library().rq_history_attention(
-        len(qo_list) - 1, HQ, HKV, D, g, q_rot.data_ptr(), qo64.data_ptr(), kv64.data_ptr(),
-        idx64.data_ptr(), chain_args, chain_len, float(sm_scale), hist.data_ptr(),
-        lse_h.data_ptr())
+        len(qo_list) - 1, T, len(idx64), _pool_rows(view), HQ, HKV, D, g, q_rot.data_ptr(),
+        qo64.data_ptr(), kv64.data_ptr(), idx64.data_ptr(), chain_args, chain_len,
+        float(sm_scale), hist.data_ptr(), lse_h.data_ptr())
     if rc != 0:
-        raise RuntimeError(f"rq_history_attention failed with code {rc}")
+        raise _call_error("rq_history_attention", rc, T=T, nnz=len(idx64), rows=_pool_rows(view))
     if rot is not None:
         hist = torch.einsum("tkge,kde->tkgd", hist.view(T, HKV, gq, D), rot.float()).reshape(T, HQ, D)
     chunk, lse_c = _chunk_attention(qf, k_cur.float(), v_cur.float(), qo_list, sm_scale)
@@ -321,7 +346,8 @@ def commit_cpu(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tensor],
     in the twin's arithmetic order (DESIGN.md section 1), so every byte equals the twin's except
     where the least-squares dot products, summed in another order, round ``c`` to the other
     bf16 neighbour (a tie flip). Raises ValueError for the formats `commit_fallback_reason`
-    names (the caller runs the twin).
+    names (the caller runs the twin), and for a loop count other than the view's, or a ``loc``
+    that is not one integer pool row per token inside the view (checked before any write).
     """
     why = commit_fallback_reason(view)
     if why is not None:
@@ -336,11 +362,17 @@ def commit_cpu(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tensor],
         x = torch.einsum("...hd,hde->...he", x, view.rotation.float())
     x = x.contiguous()
     L, T, _, H, D = x.shape
+    if L != len(view.segments):
+        raise ValueError(f"commit_cpu got {L} loops of K/V for a view of {len(view.segments)}")
+    if loc.shape != (T,) or loc.is_floating_point():
+        raise ValueError(f"loc must be [{T}] integer pool rows (one per token), got "
+                         f"{tuple(loc.shape)} {loc.dtype}")
     if T == 0:
         return
     loc64 = loc.to(torch.int64).contiguous()
     loops, order = _commit_args(view)
-    rc = library().rq_commit(L, T, H, D, view.cfg.group_size, x.data_ptr(), loc64.data_ptr(),
-                             loops, order.data_ptr(), int(view.cfg.lsq))
+    rows = _pool_rows(view)
+    rc = library().rq_commit(L, T, rows, H, D, view.cfg.group_size, x.data_ptr(),
+                             loc64.data_ptr(), loops, order.data_ptr(), int(view.cfg.lsq))
     if rc != 0:
-        raise RuntimeError(f"rq_commit failed with code {rc}")
+        raise _call_error("rq_commit", rc, T=T, nnz=T, rows=rows)

@@ -418,6 +418,14 @@ static void attend_item_any(const rq_problem *P, const int64_t *itm, float *scra
     attend_item(P, itm, scratch, G);
 }
 
+/* 1 if any of the n pool rows idx[0..n) is outside [0, rows) (one pass, no early exit, so
+ * the compiler vectorizes it). */
+static int rows_out_of_range(const int64_t *idx, int64_t n, int64_t rows) {
+    int bad = 0;
+    for (int64_t i = 0; i < n; ++i) bad |= (uint64_t)idx[i] >= (uint64_t)rows;
+    return bad;
+}
+
 /*
  * q      [T, HQ, D] float32 contiguous, rotated basis (q'_h = q_h R[h_kv]).
  * out    [T, HQ, D] float32 contiguous: softmax-normalised history attention (rotated basis);
@@ -430,15 +438,26 @@ static void attend_item_any(const rq_problem *P, const int64_t *itm, float *scra
  *   q' . x = sum_k w_k sum_g (s_g (q'_g . codes_g) + m_g sum(q'_g))        (K side)
  *   sum_t p_t x_t = sum_k sum_t p_t w_k (s_g codes_g + m_g)                (V side)
  * so codes are only unpacked and multiplied, never rebuilt into K'/V' rows.
+ * T query rows, nnz entries of kv_indices, rows pool rows: checked before any work.
  * Returns 0, or a negative error code (-1: D > RQ_MAX_D, G does not divide D or HKV does not
- * divide HQ; -2: n out of range or a member with unsupported bits; -3: allocation failed).
+ * divide HQ; -2: n out of range or a member with unsupported bits; -3: allocation failed;
+ * -4: qo_indptr is not 0, ..., T non-decreasing; -5: kv_indptr is not non-decreasing from 0
+ * to at most nnz; -6: a kv_indices entry it covers is outside [0, rows)).
  */
-int rq_history_attention(int64_t B, int64_t HQ, int64_t HKV, int64_t D, int64_t G,
-                         const float *q, const int64_t *qo_indptr, const int64_t *kv_indptr,
+int rq_history_attention(int64_t B, int64_t T, int64_t nnz, int64_t rows, int64_t HQ,
+                         int64_t HKV, int64_t D, int64_t G, const float *q,
+                         const int64_t *qo_indptr, const int64_t *kv_indptr,
                          const int64_t *kv_indices, const rq_stored_loop *chain, int64_t n,
                          float sm_scale, float *out, float *lse) {
     if (D > RQ_MAX_D || G <= 0 || D % G != 0 || HQ % HKV != 0) return -1;
     if (n < 1 || n > RQ_MAX_CHAIN) return -2;
+    if (B < 0 || qo_indptr[0] != 0 || qo_indptr[B] != T) return -4;
+    if (kv_indptr[0] < 0 || kv_indptr[B] > nnz) return -5;
+    for (int64_t b = 0; b < B; ++b) {
+        if (qo_indptr[b + 1] < qo_indptr[b]) return -4;
+        if (kv_indptr[b + 1] < kv_indptr[b]) return -5;
+    }
+    if (rows_out_of_range(kv_indices + kv_indptr[0], kv_indptr[B] - kv_indptr[0], rows)) return -6;
     for (int64_t k = 0; k < n; ++k) {
         const int bits = chain[k].bits;
         if (!(bits == 0 || bits == 2 || bits == 4 || bits == 8) || (bits && !chain[k].scale_offset))
@@ -563,11 +582,15 @@ static void quantize_pack(const float *x, int bits, int64_t D, int64_t G, uint8_
  * loc   [T] int64 pool rows.
  * loops L entries; order: L loop ids, every base before the loops stored against it.
  * lsq   1: c_i = bf16(<x_i, base> / max(<base, base>, 1e-12)) stored in coef; 0: c_i = 1.
- * Returns 0, -1 (D > RQ_MAX_D, G, or L > RQ_MAX_CHAIN), -2 (bad bits).
+ * rows  pool rows: every loc must be in [0, rows).
+ * Returns 0, -1 (D > RQ_MAX_D, G, or L > RQ_MAX_CHAIN), -2 (bad bits), -6 (a loc outside
+ * [0, rows)).
  */
-int rq_commit(int64_t L, int64_t T, int64_t H, int64_t D, int64_t G, const float *x,
-              const int64_t *loc, const rq_stored_loop *loops, const int32_t *order, int32_t lsq) {
+int rq_commit(int64_t L, int64_t T, int64_t rows, int64_t H, int64_t D, int64_t G,
+              const float *x, const int64_t *loc, const rq_stored_loop *loops,
+              const int32_t *order, int32_t lsq) {
     if (D > RQ_MAX_D || G <= 0 || D % G != 0 || L < 1 || L > RQ_MAX_CHAIN) return -1;
+    if (rows_out_of_range(loc, T, rows)) return -6;
     for (int64_t i = 0; i < L; ++i) {
         const int b = loops[i].bits;
         if (!(b == 0 || b == 2 || b == 4 || b == 8) || (b && G % (8 / b) != 0)) return -2;

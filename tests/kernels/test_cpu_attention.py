@@ -38,6 +38,9 @@ CASES = [
      [2, 1], "cfg"),
     ("zero_bit_residual", RQConfig(residual_bits=0), 4, 1, 1, 64, [29], [4], "cfg"),
     ("single_loop", RQConfig(), 1, 2, 1, 64, [70], [1], "cfg"),
+    # as many query rows as requests, but not one each: an extend batch, not decode
+    ("extend_empty_chunk", RQConfig(), 4, 1, 2, 64, [5, 10], [0, 2], "cfg"),
+    ("extend_empty_chunks_3", RQConfig(), 4, 1, 1, 64, [7, 4, 9], [0, 3, 0], "cfg"),
 ]
 
 
@@ -101,6 +104,42 @@ def test_bad_shapes_raise_naming_the_tensors():
     with pytest.raises(ValueError, match="k_cur"):
         cpu_attention.extend_attention_cpu(q, kc, vc, view, 0, torch.tensor([0, 1]), kv_ind, idx,
                                            sm_scale=1.0)
+
+
+def test_bad_indices_raise_naming_the_tensor_before_any_write():
+    # the C library reads and writes pool rows by these indices: each bad one is a ValueError
+    # naming the tensor (it was a segmentation fault or heap corruption), and nothing is written
+    from views import make_view
+
+    view, kv_ind, idx, _ = build(RQConfig(), loops=4, num_kv_heads=1, group=1, dim=64,
+                                 lens=[3, 2], rot="cfg", device="cpu", seed=1)
+    rows = view.codes[0].shape[0]
+    q, kc, vc = (t.float() for t in queries(2, 1, 1, 64, device="cpu", seed=1))
+    qo = torch.tensor([0, 1, 2])
+    bad = {
+        "kv_indices": (qo, kv_ind, torch.cat([idx[:-1], torch.tensor([rows])])),
+        "kv_indices ": (qo, kv_ind, torch.cat([idx[:-1], torch.tensor([-1])])),
+        "kv_indptr": (qo, torch.tensor([0, 3, len(idx) + 1]), idx),
+        "kv_indptr ": (qo, torch.tensor([0, 4, 3]), idx),
+        "qo_indptr": (torch.tensor([0, 1, 3]), kv_ind, idx),
+        "qo_indptr ": (torch.tensor([0, 2, 1]), kv_ind, idx),
+    }
+    for name, (qo_b, kv_b, idx_b) in bad.items():
+        with pytest.raises(ValueError, match=name.strip()):
+            cpu_attention.extend_attention_cpu(q, kc, vc, view, 0, qo_b, kv_b, idx_b,
+                                               sm_scale=0.125)
+    fresh = make_view(RQConfig(), num_loops=4, num_kv_heads=1, head_dim=64, rows=8,
+                      rotation="cfg", fill=False)
+    k = torch.randn(4, 3, 1, 64)
+    for loc, match in ((torch.tensor([1, 2, 8]), r"loc holds a pool row outside \[0, 8\)"),
+                       (torch.tensor([1, 2, -1]), "loc holds a pool row outside"),
+                       (torch.tensor([1, 2]), r"loc must be \[3\] integer"),
+                       (torch.tensor([1.0, 2.0, 3.0]), "loc must be .* integer")):
+        with pytest.raises(ValueError, match=match):
+            cpu_attention.commit_cpu(k, k, loc, fresh)
+    with pytest.raises(ValueError, match="got 2 loops of K/V for a view of 4"):
+        cpu_attention.commit_cpu(k[:2], k[:2], torch.tensor([1, 2, 3]), fresh)
+    assert not any(t.any() for t in fresh.codes), "a refused commit wrote rows"
 
 
 # name, cfg, loops, num_kv_heads, head_dim, tokens, rotation
