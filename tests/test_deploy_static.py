@@ -188,6 +188,47 @@ def test_docker_compose_config():
         assert "USER 10001" in text and "sglang_rq.launch_server" in text
 
 
+def _flag_values(args: list[str]) -> dict[str, str]:
+    """``--name value`` and ``--name=value`` pairs of a command line (flags without a value
+    map to "")."""
+    out, i = {}, 0
+    while i < len(args):
+        a = str(args[i])
+        if a.startswith("--") and "=" in a:
+            name, value = a.split("=", 1)
+            out[name] = value
+        elif a.startswith("--"):
+            nxt = args[i + 1] if i + 1 < len(args) else "--"
+            out[a] = "" if str(nxt).startswith("--") else str(nxt)
+            i += 0 if str(nxt).startswith("--") else 1
+        i += 1
+    return out
+
+
+# how the router survives a worker dying or starting: the same in every deployment (a k8s
+# router without the retries answered 500 where the others retried)
+ROUTER_RESILIENCE = ("--retry-max-retries", "--retry-initial-backoff-ms",
+                     "--retry-backoff-multiplier", "--max-payload-size",
+                     "--health-check-endpoint", "--health-check-interval-secs",
+                     "--health-failure-threshold", "--health-success-threshold",
+                     "--worker-startup-timeout-secs")
+
+
+def test_router_resilience_flags_agree_across_deployments():
+    script = (REPO / "scripts" / "serve_cluster.sh").read_text()
+    launch = script[script.index("smg.launch_router"):].split(">", 1)[0]
+    launches = {
+        "serve_cluster.sh": _flag_values(launch.replace("\\\n", " ").split()),
+        "docker-compose": _flag_values(yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+                                       ["services"]["router"]["command"]),
+        "k8s": _flag_values(yaml.safe_load((REPO / "k8s/base/router-deployment.yaml").read_text())
+                            ["spec"]["template"]["spec"]["containers"][0]["args"]),
+    }
+    for flag in ROUTER_RESILIENCE:
+        values = {where: flags.get(flag) for where, flags in launches.items()}
+        assert None not in values.values() and len(set(values.values())) == 1, (flag, values)
+
+
 # ----------------------------------------------------------------------------- Kubernetes
 OVERLAYS = ["cpu", "gpu"]
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
