@@ -9,6 +9,9 @@ Residuals", arXiv 2610.10381, reconstruction). All arithmetic is float32, in thi
    ``m + s * q``. Rounding the offset down and the scale up onto the FP8 (e4m3fn) grid *before*
    computing codes keeps every code in range, so the error is at most ``s / 2`` per element and a
    constant group whose value is representable in FP8 (0 included) is reconstructed exactly.
+   Both bounds hold while a group's values lie in FP8's range, ``[-448, 448]`` (rotated basis):
+   offset and scale saturate there, so larger values are clipped, with errors far above
+   ``s / 2``. The server counts such groups (docs/robustness.md section 2, `sglang_rq.clipping`).
 2. anchor ``â`` = dequantized anchor loop (in the rotated basis when ``rotate_anchor``).
 3. ``c_i = bf16(<x_i, â> / max(<â, â>, 1e-12))`` (c = 1 without LSQ), residual ``r_i = x_i - c_i â``.
 4. rotation ``r'_i = r_i @ R`` (when the anchor is not already in the rotated basis).
@@ -73,8 +76,17 @@ def quantize_groups(x: torch.Tensor, *, bits: int, group_size: int
     Returns
     -------
     codes ``[..., D]`` uint8 in ``[0, 2^bits - 1]``; scale and offset ``[..., D/group_size]``
-    float32, both exactly representable in FP8 e4m3fn.
+    float32, both exactly representable in FP8 e4m3fn (the ``s / 2`` error bound holds for
+    values in ``[-448, 448]``; module docstring, step 1).
+
+    Raises
+    ------
+    ValueError
+        ``bits`` not 1, 2, 4 or 8, or ``D`` not a multiple of ``group_size``.
     """
+    _check_bits(bits)
+    if group_size <= 0 or x.shape[-1] % group_size:
+        raise ValueError(f"head_dim {x.shape[-1]} is not a multiple of group_size {group_size}")
     levels = (1 << bits) - 1
     xg = x.float().reshape(*x.shape[:-1], x.shape[-1] // group_size, group_size)  # [..., G, g]
     offset = fp8_round(xg.amin(-1), direction="down")
@@ -92,9 +104,26 @@ def dequantize_groups(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Te
     return (offset.unsqueeze(-1) + scale.unsqueeze(-1) * cg).reshape(codes.shape)
 
 
+def _check_bits(bits: int) -> None:
+    if bits not in (1, 2, 4, 8):
+        raise ValueError(f"bits must be 1, 2, 4 or 8 (codes packed whole into bytes), got {bits}")
+
+
 def pack_codes(codes: torch.Tensor, *, bits: int) -> torch.Tensor:
-    """Pack ``[..., D]`` uint8 codes of ``bits`` (1/2/4/8) into ``[..., D*bits/8]`` uint8."""
+    """Pack ``[..., D]`` uint8 codes of ``bits`` (1/2/4/8) into ``[..., D*bits/8]`` uint8.
+
+    Raises ValueError for other ``bits``, a ``D`` that does not fill whole bytes, or (outside
+    CUDA graph capture, where reading the codes back is not allowed) a code above
+    ``2^bits - 1``, which would spill into its neighbour's bits.
+    """
+    _check_bits(bits)
     per = 8 // bits
+    if codes.shape[-1] % per:
+        raise ValueError(f"{codes.shape[-1]} codes of {bits} bits do not fill whole bytes")
+    capturing = codes.is_cuda and torch.cuda.is_current_stream_capturing()
+    if not capturing and codes.numel() and int(codes.max()) >= 1 << bits:
+        raise ValueError(f"a code is {int(codes.max())}, above the {(1 << bits) - 1} that "
+                         f"{bits} bits hold")
     c = codes.to(torch.uint8).reshape(*codes.shape[:-1], codes.shape[-1] // per, per).to(torch.int32)
     shifts = torch.arange(per, dtype=torch.int32, device=codes.device) * bits
     return (c << shifts).sum(-1).to(torch.uint8)
@@ -102,6 +131,7 @@ def pack_codes(codes: torch.Tensor, *, bits: int) -> torch.Tensor:
 
 def unpack_codes(packed: torch.Tensor, *, bits: int) -> torch.Tensor:
     """Inverse of `pack_codes`: ``[..., nbytes]`` uint8 -> ``[..., nbytes*8/bits]`` uint8."""
+    _check_bits(bits)
     per = 8 // bits
     shifts = torch.arange(per, dtype=torch.int32, device=packed.device) * bits
     c = (packed.to(torch.int32).unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
@@ -183,7 +213,15 @@ def encode(x_loops: torch.Tensor, *, segments: tuple[LoopSegment, ...], cfg: RQC
     ----
     Loops of one dependency level with the same role and bits are quantized in one batch
     (the arithmetic is elementwise or along head_dim, so batching changes no value).
+
+    Raises
+    ------
+    ValueError
+        ``x_loops`` holds another number of loops than ``segments`` describes.
     """
+    if x_loops.shape[0] != len(segments):
+        raise ValueError(f"x_loops holds {x_loops.shape[0]} loops, segments describe "
+                         f"{len(segments)}")
     x = x_loops.float()
     g = cfg.group_size
     work = _rotate(x, rotation) if cfg.rotate_anchor else x  # basis of anchors and â

@@ -52,6 +52,31 @@ def test_pack_layout_matches_hand_example():
     assert pack_codes(torch.tensor([[1, 2, 3, 0]], dtype=torch.uint8), bits=2).item() == 1 + 2 * 4 + 3 * 16
 
 
+def test_bad_bits_and_codes_are_refused_not_wrapped():
+    codes = torch.tensor([[1, 2, 3, 0]], dtype=torch.uint8)
+    for bits in (0, 3, 16):
+        with pytest.raises(ValueError, match="bits must be 1, 2, 4 or 8"):
+            pack_codes(codes, bits=bits)
+        with pytest.raises(ValueError, match="bits must be 1, 2, 4 or 8"):
+            quantize_groups(torch.randn(2, 32), bits=bits, group_size=32)
+    with pytest.raises(ValueError, match="unpack|bits must be"):
+        unpack_codes(codes, bits=3)
+    # 5 does not fit 2 bits: packed it spilled into the next code ([[1, 1, 0, 0]] unpacked)
+    with pytest.raises(ValueError, match="a code is 5, above the 3"):
+        pack_codes(torch.tensor([[5, 0, 0, 0]], dtype=torch.uint8), bits=2)
+    with pytest.raises(ValueError, match="3 codes of 2 bits do not fill whole bytes"):
+        pack_codes(torch.tensor([[1, 2, 3]], dtype=torch.uint8), bits=2)
+    with pytest.raises(ValueError, match="head_dim 48 is not a multiple of group_size 32"):
+        quantize_groups(torch.randn(2, 48), bits=2, group_size=32)
+
+
+def test_encode_refuses_a_loop_count_other_than_the_segments():
+    cfg = RQConfig()
+    segs = loop_segments(ModelKVShape(num_layers=1, num_loops=4, num_kv_heads=2, head_dim=64), cfg)
+    with pytest.raises(ValueError, match="x_loops holds 6 loops, segments describe 4"):
+        encode(_loops(6, 3, 2, 64), segments=segs, cfg=cfg, rotation=None)
+
+
 def test_fp8_round_directions_and_grid():
     x = torch.cat([torch.randn(5000) * 10, torch.tensor([0.0, 1e-6, -1e-6, 447.9, -447.9, 0.3])])
     down, up = fp8_round(x, direction="down"), fp8_round(x, direction="up")
