@@ -267,7 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.unpack is not None:
         if args.site is None:
             p.error("--unpack needs --site DIR")
-        n = unpack(args.unpack, site=args.site)
+        try:
+            n = unpack(args.unpack, site=args.site)
+        except (OSError, tarfile.TarError, EOFError) as exc:  # lzma.LZMAError is an OSError
+            p.error(f"--unpack {args.unpack}: not a readable .tar.xz bundle ({exc})")
         site = str(args.site.resolve())
         if not args.json:
             print(f"unpacked {n} files into {site}; serve with PYTHONPATH={site}")

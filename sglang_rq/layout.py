@@ -113,8 +113,9 @@ class ModelKVShape:
         Raises
         ------
         RQConfigError
-            If the file is missing or lacks a field (names the file and field), or ``tp_size``
-            does not divide the KV heads.
+            If the file is missing, is not a JSON object, lacks a field, or a count field
+            (`COUNT_FIELDS`) is not a positive integer (names the file and field), or
+            ``tp_size`` does not divide the KV heads.
         """
         where = "config"
         if isinstance(path_or_dict, Mapping):
@@ -127,6 +128,16 @@ class ModelKVShape:
                 hf = json.loads(path.read_text())
             except (OSError, json.JSONDecodeError) as exc:
                 raise RQConfigError(f"{where}: cannot read a JSON config ({exc})") from exc
+        if not isinstance(hf, Mapping):
+            raise RQConfigError(f"{where}: the config is a JSON {type(hf).__name__}, not an "
+                                "object")
+        for key in (*COUNT_FIELDS, *HUGINN_UNLOOPED_FIELDS):
+            value, least = hf.get(key), 0 if key in HUGINN_UNLOOPED_FIELDS else 1
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < least):
+                kind = "a positive" if least else "a non-negative"
+                raise RQConfigError(f"{where}: field '{key}' must be {kind} integer, got "
+                                    f"{value!r}")
         try:
             if hf.get("model_type") == HUGINN_MODEL_TYPE:
                 return _huginn_shape(hf.get, tp_size)
@@ -137,6 +148,8 @@ class ModelKVShape:
                        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads)
         except KeyError as exc:
             raise RQConfigError(f"{where}: missing field {exc}") from exc
+        except ValueError as exc:  # ModelKVShape's own checks (e.g. hidden_size < heads)
+            raise RQConfigError(f"{where}: {exc}") from exc
 
     @classmethod
     def from_model_config(cls, model_config: Any, *, tp_size: int) -> ModelKVShape:
@@ -194,6 +207,15 @@ class SlotPlace:
 
 LOOP_COUNT_FIELDS = ("total_ut_steps", "num_loops", "loop_num")
 """Config fields that count loops: Ouro, Nanbeige (and SGLang's alias), IQuest LoopCoder."""
+
+COUNT_FIELDS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "hidden_size", *LOOP_COUNT_FIELDS, "n_heads", "n_embd", "mean_recurrence",
+                "n_layers_in_recurrent_block")
+"""Fields of a ``config.json`` that must be positive integers where present (a 0, 2.5,
+``true`` or "4" is refused, not read as another model)."""
+
+HUGINN_UNLOOPED_FIELDS = ("n_layers_in_prelude", "n_layers_in_coda")
+"""Huginn's un-looped layer counts: integers, 0 allowed."""
 
 
 def _num_loops(lookup: Callable[[str], Any]) -> int:
@@ -281,9 +303,11 @@ def loop_segments(shape: ModelKVShape, cfg: RQConfig) -> tuple[LoopSegment, ...]
     """
     d, g = shape.head_dim, cfg.group_size
     if d % g != 0:
+        fits = [s for s in (16, 32, 64) if d % s == 0]
         raise RQConfigError(
-            f"--rq-group-size={g} does not divide the model's head_dim={d}; choose a group size "
-            f"in {[s for s in (16, 32, 64) if d % s == 0]}"
+            f"--rq-group-size={g} does not divide the model's head_dim={d}; "
+            + (f"choose a group size in {fits}" if fits else
+               "no supported group size (16, 32, 64) does; serve it with --rq-disable")
         )
     bits = cfg.bits_for_loops(shape.num_loops)
     segs = []

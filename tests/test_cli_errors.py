@@ -81,3 +81,29 @@ def test_out_paths_refused_before_the_run(tmp_path):
     assert r.returncode == 2 and f"--out={afile / 'res.json'}: a parent of it is a file" in r.stderr
     r = _cli("eval", "--out", str(afile))
     assert r.returncode == 2 and f"--out={afile} is a file" in r.stderr
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("num_attention_heads", 0, "field 'num_attention_heads' must be a positive integer, got 0"),
+    ("num_hidden_layers", "4", "field 'num_hidden_layers' must be a positive integer, got '4'"),
+    ("total_ut_steps", 2.5, "field 'total_ut_steps' must be a positive integer, got 2.5"),
+    ("head_dim", 100, "no supported group size (16, 32, 64) does; serve it with --rq-disable")])
+def test_kv_size_bad_model_config_is_one_line(tmp_path, field, value, needle):
+    # a fifth new-user review (session 39): tracebacks (ZeroDivisionError, TypeError), 2.5 loops
+    # read as 2, and "choose a group size in []"
+    import json
+
+    hf = json.loads((Path(EMBEDDED_MODEL) / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**hf, field: value}))
+    r = _cli("kv-size", "--model-config", str(tmp_path / "config.json"))
+    assert r.returncode != 0 and needle in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_doctor_unpack_of_a_file_that_is_no_bundle(tmp_path):
+    fake = tmp_path / "fake.tar.xz"
+    fake.write_text("not a bundle")
+    r = subprocess.run([sys.executable, "-m", "sglang_rq.doctor", "--unpack", str(fake), "--site",
+                        str(tmp_path / "site")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "not a readable .tar.xz bundle" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -85,6 +86,8 @@ def test_invalid_config_names_the_flag(kwargs, flag):
 def test_model_dependent_checks_name_the_flag():
     with pytest.raises(RQConfigError, match="--rq-group-size=64 does not divide"):
         loop_segments(ModelKVShape(2, 4, 2, 96), RQConfig(group_size=64))
+    with pytest.raises(RQConfigError, match="no supported group size .* serve it with --rq-disable"):
+        loop_segments(ModelKVShape(2, 4, 2, 100), RQConfig())
     with pytest.raises(RQConfigError, match="--rq-loop-bits gives 3"):
         loop_segments(OURO_1_4B, RQConfig(loop_bits=(2, 2, 4)))
     with pytest.raises(RQConfigError, match="--rq-loop-group-size=3"):
@@ -194,6 +197,28 @@ def test_model_kv_shape_from_hf_config_and_tensor_parallel(tmp_path):
         ModelKVShape.from_hf_config({"num_attention_heads": 16})
     with pytest.raises(RQConfigError, match="cannot read a JSON config"):
         ModelKVShape.from_hf_config(tmp_path / "missing.json")
+    # a count that is not a positive integer is refused, naming the field (it was a
+    # ZeroDivisionError, a TypeError, or silently another model: 2.5 loops read as 2, 0 or
+    # true as unlooped, 0 KV heads as MHA)
+    for key, value in (("num_attention_heads", 0), ("num_hidden_layers", "4"),
+                       ("total_ut_steps", 2.5), ("total_ut_steps", 0), ("total_ut_steps", True),
+                       ("total_ut_steps", -3), ("num_key_value_heads", 0), ("head_dim", "128")):
+        with pytest.raises(RQConfigError, match=f"field '{key}' must be a positive integer, "
+                                                f"got {re.escape(repr(value))}"):
+            ModelKVShape.from_hf_config({**hf, key: value})
+    with pytest.raises(RQConfigError, match="is a JSON list, not an object"):
+        (tmp_path / "list.json").write_text("[1, 2]")
+        ModelKVShape.from_hf_config(tmp_path / "list.json")
+    with pytest.raises(RQConfigError, match="ModelKVShape.head_dim must be >= 1"):
+        ModelKVShape.from_hf_config({**hf, "hidden_size": 8})  # 8 // 16 heads
+    huginn = {"model_type": "huginn_raven", "n_heads": 4, "n_embd": 256, "mean_recurrence": 0,
+              "n_layers_in_recurrent_block": 2, "n_layers_in_prelude": 1, "n_layers_in_coda": 1}
+    with pytest.raises(RQConfigError, match="field 'mean_recurrence' must be a positive"):
+        ModelKVShape.from_hf_config(huginn)
+    with pytest.raises(RQConfigError, match="field 'n_layers_in_coda' must be a non-negative"):
+        ModelKVShape.from_hf_config({**huginn, "mean_recurrence": 4, "n_layers_in_coda": -1})
+    assert ModelKVShape.from_hf_config({**huginn, "mean_recurrence": 4,
+                                        "n_layers_in_coda": 0}).coda_layers == 0
 
 
 def test_model_kv_shape_from_sglang_model_config():
