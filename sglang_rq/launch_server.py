@@ -429,7 +429,8 @@ def with_recurrences(argv: list[str], recurrences: int) -> list[str]:
     Raises
     ------
     sglang_rq.config.RQConfigError
-        For a count below 1, or a local model whose ``config.json`` is not a Huginn model.
+        For a count below 1, a local model whose ``config.json`` is not a Huginn model, or a
+        ``--json-model-override-args`` that sets another ``mean_recurrence``.
     """
     if recurrences < 1:
         raise RQConfigError(f"--rq-recurrences={recurrences} must be >= 1")
@@ -439,7 +440,11 @@ def with_recurrences(argv: list[str], recurrences: int) -> list[str]:
         raise RQConfigError(f"--rq-recurrences applies to Huginn recurrent-depth models "
                             f"(model_type {HUGINN_MODEL_TYPE!r}); {model} is "
                             f"{hf.get('model_type')!r}")
-    overrides = {**_argv_overrides(argv), "mean_recurrence": recurrences}
+    given = _argv_overrides(argv)
+    if given.get("mean_recurrence", recurrences) != recurrences:
+        raise RQConfigError(f"--rq-recurrences={recurrences} and --json-model-override-args' "
+                            f"mean_recurrence={given['mean_recurrence']!r} disagree; give one")
+    overrides = {**given, "mean_recurrence": recurrences}
     out, skip = [], False
     for a in argv:
         if skip:

@@ -438,3 +438,24 @@ def test_a_list_of_sampling_params_must_match_the_prompts(clean_env, text, param
     with pytest.raises(ValueError, match=rf"sampling_params is a list of {len(params)} for "
                                          rf"{1 if isinstance(text, str) else len(text)} prompt"):
         _handled(GenerateReqInput(text=text, sampling_params=params))
+
+
+def test_recurrences_and_an_override_that_disagree_are_refused():
+    """A fifth new-user review (session 39): ``--rq-recurrences 8`` silently replaced the
+    user's ``--json-model-override-args '{"mean_recurrence": 4}'``."""
+    import json
+    from pathlib import Path
+
+    from sglang_rq.config import RQConfigError
+    from sglang_rq.launch_server import with_recurrences
+    from sglang_rq.models.embedded import EMBEDDED_MODEL
+
+    huginn = str(Path(EMBEDDED_MODEL).parent / "mini-huginn")
+    argv = ["--model-path", huginn, "--json-model-override-args", '{"mean_recurrence": 4}']
+    with pytest.raises(RQConfigError, match="--rq-recurrences=8 and --json-model-override-args' "
+                                            "mean_recurrence=4 disagree"):
+        with_recurrences(argv, 8)
+    out = with_recurrences(["--model-path", huginn, "--json-model-override-args",
+                            '{"mean_recurrence": 8, "x": 1}'], 8)  # agreeing: kept, merged
+    assert json.loads(out[out.index("--json-model-override-args") + 1]) == {
+        "mean_recurrence": 8, "x": 1}
