@@ -99,6 +99,11 @@ def kv_size(argv: list[str]) -> int:
     if args.memory_gb is not None:
         print(f"tokens in {args.memory_gb} GiB: {out['tokens_in_budget']:,} "
               f"(BF16: {out['bf16_tokens_in_budget']:,})")
+        if out["tokens_in_budget"] == 0:
+            fixed = staging + out["rotation_bytes"]
+            print(f"note: the fixed {fixed / (1 << 30):.2f} GiB (staging, rotation) leaves no room; "
+                  "`serve` refuses this budget (fewer --staging-tokens, a smaller "
+                  "--chunked-prefill-size or --max-running-requests shrink the staging)")
     return 0
 
 

@@ -161,6 +161,13 @@ def test_kv_size_cli_json(tmp_path):
                             str(cfg), "--memory-gb", value], capture_output=True, text=True)
         assert r.returncode == 2 and f"--memory-gb={float(value)} must be > 0 and finite" in r.stderr
         assert "Traceback" not in r.stderr
+    # a budget the fixed staging fills (8,192 tokens x 24 layers x 3 earlier loops x K and V x
+    # 16 heads x 128 x 2 B = 4.5 GiB, plus 24 MiB of rotations): 0 tokens, and a note why
+    small = subprocess.run([sys.executable, "-m", "sglang_rq.cli", "kv-size", "--model-config",
+                            str(cfg), "--memory-gb", "1"], capture_output=True, text=True,
+                           check=True).stdout
+    assert "tokens in 1.0 GiB: 0 " in small
+    assert "note: the fixed 4.52 GiB (staging, rotation) leaves no room" in small
 
 
 def test_cli_help_lists_commands_and_names_an_unknown_one():
