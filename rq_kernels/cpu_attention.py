@@ -153,6 +153,19 @@ def _stored_loops(view: CompressedLayerView, chain: list[int]) -> ctypes.Array:
     return arr
 
 
+def _kv_heads(view: CompressedLayerView) -> int:
+    """KV heads of ``view`` (its codes' third dimension)."""
+    return view.codes[0].shape[2]
+
+
+def _check_index(name: str, t: torch.Tensor) -> None:
+    """An index tensor the C library may read: integer (not bool), on the CPU, 1-D."""
+    if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+        raise ValueError(f"{name} must be integer pool rows or offsets, got {t.dtype}")
+    if t.device.type != "cpu" or t.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D CPU tensor, got {t.dim()}-D on {t.device}")
+
+
 def _pool_rows(view: CompressedLayerView) -> int:
     """Pool rows every tensor of ``view`` has (the bound the C library checks indices against)."""
     tensors = [t for ts in (view.codes, view.scale_offset, view.coef) for t in ts if t is not None]
@@ -265,9 +278,14 @@ def extend_attention_cpu(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tens
     HKV = k_cur.shape[1]
     if q.device.type != "cpu":
         raise ValueError(f"extend_attention_cpu needs CPU tensors, got q on {q.device}")
-    if HQ % HKV or k_cur.shape != (T, HKV, D) or v_cur.shape != (T, HKV, D) or D != view.head_dim:
+    if (HQ % HKV or k_cur.shape != (T, HKV, D) or v_cur.shape != (T, HKV, D)
+            or (HKV, D) != (_kv_heads(view), view.head_dim)):
         raise ValueError(f"q {tuple(q.shape)}, k_cur {tuple(k_cur.shape)}, v_cur "
-                         f"{tuple(v_cur.shape)} and head_dim {view.head_dim} do not match")
+                         f"{tuple(v_cur.shape)} and the view's {_kv_heads(view)} KV heads of "
+                         f"head_dim {view.head_dim} do not match")
+    for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr),
+                    ("kv_indices", kv_indices)):
+        _check_index(name, t)
     gq, g = HQ // HKV, view.cfg.group_size
     qo_list = qo_indptr.tolist()
     qf = q.float()
@@ -358,17 +376,21 @@ def commit_cpu(k_loops: Sequence[torch.Tensor], v_loops: Sequence[torch.Tensor],
     if ks[0].device.type != "cpu" or loc.device.type != "cpu":
         raise ValueError(f"commit_cpu needs CPU tensors, got K/V on {ks[0].device}")
     x = torch.stack([torch.stack(ks), torch.stack(vs)], dim=2).float()  # [L, T, 2, H, D]
-    if view.rotation is not None:
-        x = torch.einsum("...hd,hde->...he", x, view.rotation.float())
-    x = x.contiguous()
     L, T, _, H, D = x.shape
     if L != len(view.segments):
         raise ValueError(f"commit_cpu got {L} loops of K/V for a view of {len(view.segments)}")
-    if loc.shape != (T,) or loc.is_floating_point():
+    if (H, D) != (_kv_heads(view), view.head_dim):
+        raise ValueError(f"commit_cpu got K/V of {H} heads x {D} for a view of "
+                         f"{_kv_heads(view)} KV heads x head_dim {view.head_dim}")
+    _check_index("loc", loc)
+    if loc.shape != (T,):
         raise ValueError(f"loc must be [{T}] integer pool rows (one per token), got "
-                         f"{tuple(loc.shape)} {loc.dtype}")
+                         f"{tuple(loc.shape)}")
     if T == 0:
         return
+    if view.rotation is not None:
+        x = torch.einsum("...hd,hde->...he", x, view.rotation.float())
+    x = x.contiguous()
     loc64 = loc.to(torch.int64).contiguous()
     loops, order = _commit_args(view)
     rows = _pool_rows(view)

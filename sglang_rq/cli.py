@@ -99,11 +99,13 @@ def kv_size(argv: list[str]) -> int:
     if args.memory_gb is not None:
         print(f"tokens in {args.memory_gb} GiB: {out['tokens_in_budget']:,} "
               f"(BF16: {out['bf16_tokens_in_budget']:,})")
-        if out["tokens_in_budget"] == 0:
-            fixed = staging + out["rotation_bytes"]
-            print(f"note: the fixed {fixed / (1 << 30):.2f} GiB (staging, rotation) leaves no room; "
-                  "`serve` refuses this budget (fewer --staging-tokens, a smaller "
-                  "--chunked-prefill-size or --max-running-requests shrink the staging)")
+        if out["tokens_in_budget"] == 0 and cfg.enabled:
+            gib = 1 << 30
+            shrink = (" (fewer --staging-tokens, a smaller --chunked-prefill-size or "
+                      "--max-running-requests shrink the staging)" if staging else "")
+            print(f"note: the fixed bytes, staging {staging / gib:.2f} GiB and rotation "
+                  f"{out['rotation_bytes'] / gib:.3f} GiB, leave no room for a token, and "
+                  f"`serve` refuses this budget{shrink}")
     return 0
 
 

@@ -15,6 +15,7 @@ import importlib
 import importlib.metadata as md
 import importlib.util
 import json
+import lzma
 import os
 import subprocess
 import sys
@@ -268,9 +269,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.site is None:
             p.error("--unpack needs --site DIR")
         try:
+            args.site.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            p.error(f"--site {args.site}: cannot be a directory ({exc})")
+        try:
             n = unpack(args.unpack, site=args.site)
-        except (OSError, tarfile.TarError, EOFError) as exc:  # lzma.LZMAError is an OSError
+        except (tarfile.TarError, lzma.LZMAError, EOFError) as exc:
             p.error(f"--unpack {args.unpack}: not a readable .tar.xz bundle ({exc})")
+        except OSError as exc:
+            p.error(f"--unpack {args.unpack} into --site {args.site}: {exc}")
         site = str(args.site.resolve())
         if not args.json:
             print(f"unpacked {n} files into {site}; serve with PYTHONPATH={site}")

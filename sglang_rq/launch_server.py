@@ -172,8 +172,29 @@ def _local_model_config(model_path: str | None, overrides: dict | None = None) -
 
 
 def _argv_overrides(argv: list[str]) -> dict:
-    raw = _flag_value(argv, "--json-model-override-args")
-    return json.loads(raw) if raw else {}
+    """The ``--json-model-override-args`` object SGLang will apply (its last occurrence, as
+    argparse keeps), or {}.
+
+    Raises
+    ------
+    sglang_rq.config.RQConfigError
+        For a value that is not a JSON object.
+    """
+    flag, given = "--json-model-override-args", []
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            given.append(argv[i + 1])
+        elif a.startswith(flag + "="):
+            given.append(a.split("=", 1)[1])
+    if not given:
+        return {}
+    try:
+        value = json.loads(given[-1])
+    except json.JSONDecodeError as exc:
+        raise RQConfigError(f"--json-model-override-args={given[-1]}: not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise RQConfigError(f"--json-model-override-args={given[-1]}: must be a JSON object")
+    return value
 
 
 def _without_uncapturable_graphs(argv: list[str], cfg: RQConfig) -> list[str]:
@@ -259,7 +280,9 @@ def check_sglang_flags(argv: list[str]) -> None:
         return
     from sglang.srt.server_args import ServerArgs
 
-    parser = _RefusingParser(prog="sglang-rq serve", add_help=False)
+    # no abbreviations: the launcher reads some SGLang flags by their full names
+    # (--model-path, --json-model-override-args, --attention-backend, ...)
+    parser = _RefusingParser(prog="sglang-rq serve", add_help=False, allow_abbrev=False)
     ServerArgs.add_cli_args(parser)
     try:
         parser.parse_args(argv)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,7 +134,8 @@ class ModelKVShape:
                                 "object")
         for key in (*COUNT_FIELDS, *HUGINN_UNLOOPED_FIELDS):
             value, least = hf.get(key), 0 if key in HUGINN_UNLOOPED_FIELDS else 1
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+            if value is not None and (isinstance(value, bool)
+                                      or not isinstance(value, numbers.Integral)
                                       or value < least):
                 kind = "a positive" if least else "a non-negative"
                 raise RQConfigError(f"{where}: field '{key}' must be {kind} integer, got "

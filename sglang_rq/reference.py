@@ -112,11 +112,13 @@ def _check_bits(bits: int) -> None:
 def pack_codes(codes: torch.Tensor, *, bits: int) -> torch.Tensor:
     """Pack ``[..., D]`` uint8 codes of ``bits`` (1/2/4/8) into ``[..., D*bits/8]`` uint8.
 
-    Raises ValueError for other ``bits``, a ``D`` that does not fill whole bytes, or (outside
-    CUDA graph capture, where reading the codes back is not allowed) a code above
-    ``2^bits - 1``, which would spill into its neighbour's bits.
+    Raises ValueError for other ``bits``, codes that are not uint8, a ``D`` that does not fill
+    whole bytes, or (outside CUDA graph capture, where reading the codes back is not allowed) a
+    code above ``2^bits - 1``, which would spill into its neighbour's bits.
     """
     _check_bits(bits)
+    if codes.dtype != torch.uint8:
+        raise ValueError(f"codes must be uint8 (as quantize_groups returns), got {codes.dtype}")
     per = 8 // bits
     if codes.shape[-1] % per:
         raise ValueError(f"{codes.shape[-1]} codes of {bits} bits do not fill whole bytes")
@@ -124,7 +126,7 @@ def pack_codes(codes: torch.Tensor, *, bits: int) -> torch.Tensor:
     if not capturing and codes.numel() and int(codes.max()) >= 1 << bits:
         raise ValueError(f"a code is {int(codes.max())}, above the {(1 << bits) - 1} that "
                          f"{bits} bits hold")
-    c = codes.to(torch.uint8).reshape(*codes.shape[:-1], codes.shape[-1] // per, per).to(torch.int32)
+    c = codes.reshape(*codes.shape[:-1], codes.shape[-1] // per, per).to(torch.int32)
     shifts = torch.arange(per, dtype=torch.int32, device=codes.device) * bits
     return (c << shifts).sum(-1).to(torch.uint8)
 

@@ -107,3 +107,7 @@ def test_doctor_unpack_of_a_file_that_is_no_bundle(tmp_path):
                         str(tmp_path / "site")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "not a readable .tar.xz bundle" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+    # a --site that cannot be a directory is named as such, not blamed on the bundle
+    r = subprocess.run([sys.executable, "-m", "sglang_rq.doctor", "--unpack", str(fake), "--site",
+                        str(fake / "site")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and f"--site {fake / 'site'}: cannot be a directory" in r.stderr

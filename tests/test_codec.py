@@ -64,6 +64,10 @@ def test_bad_bits_and_codes_are_refused_not_wrapped():
     # 5 does not fit 2 bits: packed it spilled into the next code ([[1, 1, 0, 0]] unpacked)
     with pytest.raises(ValueError, match="a code is 5, above the 3"):
         pack_codes(torch.tensor([[5, 0, 0, 0]], dtype=torch.uint8), bits=2)
+    # -1 as int64 packed to 255 (all four codes 3); 1.7 truncated to 1
+    for bad in (torch.tensor([[-1, 0, 0, 0]]), torch.tensor([[1.7, 0, 0, 0]])):
+        with pytest.raises(ValueError, match="codes must be uint8"):
+            pack_codes(bad, bits=2)
     with pytest.raises(ValueError, match="3 codes of 2 bits do not fill whole bytes"):
         pack_codes(torch.tensor([[1, 2, 3]], dtype=torch.uint8), bits=2)
     with pytest.raises(ValueError, match="head_dim 48 is not a multiple of group_size 32"):

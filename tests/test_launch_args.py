@@ -215,6 +215,11 @@ def test_mistyped_flag_is_one_line_with_the_closest_flags():
     with pytest.raises(RQConfigError, match="argument --port: invalid int value: 'x'"):
         check_sglang_flags(["--port", "x"])
     check_sglang_flags(["--model-path", "x", "--tp-size", "2", "--port", "30001"])  # accepted
+    # abbreviations are refused: the launcher reads some flags by their full names (an
+    # abbreviated --json-model-override escaped the --rq-recurrences check)
+    with pytest.raises(RQConfigError, match="unrecognized arguments: --json-model-override .*"
+                                            "did you mean --json-model-override-args"):
+        check_sglang_flags(["--model-path", "x", "--json-model-override", "{}"])
 
 
 @pytest.mark.parametrize("flag,value", [("--rq-kv-budget-gb", "-1"), ("--rq-kv-budget-gb", "0"),
@@ -455,6 +460,13 @@ def test_recurrences_and_an_override_that_disagree_are_refused():
     with pytest.raises(RQConfigError, match="--rq-recurrences=8 and --json-model-override-args' "
                                             "mean_recurrence=4 disagree"):
         with_recurrences(argv, 8)
+    # given twice, argparse keeps the last (the review of the fix: only the first was read)
+    with pytest.raises(RQConfigError, match="mean_recurrence=4 disagree"):
+        with_recurrences(["--model-path", huginn, "--json-model-override-args", '{"x": 1}',
+                          '--json-model-override-args={"mean_recurrence": 4}'], 8)
+    with pytest.raises(RQConfigError, match=r"--json-model-override-args=\[1\]: must be a JSON "
+                                            "object"):
+        with_recurrences(["--model-path", huginn, "--json-model-override-args", "[1]"], 8)
     out = with_recurrences(["--model-path", huginn, "--json-model-override-args",
                             '{"mean_recurrence": 8, "x": 1}'], 8)  # agreeing: kept, merged
     assert json.loads(out[out.index("--json-model-override-args") + 1]) == {

@@ -167,7 +167,8 @@ def test_kv_size_cli_json(tmp_path):
                             str(cfg), "--memory-gb", "1"], capture_output=True, text=True,
                            check=True).stdout
     assert "tokens in 1.0 GiB: 0 " in small
-    assert "note: the fixed 4.52 GiB (staging, rotation) leaves no room" in small
+    assert ("note: the fixed bytes, staging 4.50 GiB and rotation 0.023 GiB, leave no room for "
+            "a token, and `serve` refuses this budget (fewer --staging-tokens" in small)
 
 
 def test_cli_help_lists_commands_and_names_an_unknown_one():

@@ -134,11 +134,23 @@ def test_bad_indices_raise_naming_the_tensor_before_any_write():
     for loc, match in ((torch.tensor([1, 2, 8]), r"loc holds a pool row outside \[0, 8\)"),
                        (torch.tensor([1, 2, -1]), "loc holds a pool row outside"),
                        (torch.tensor([1, 2]), r"loc must be \[3\] integer"),
-                       (torch.tensor([1.0, 2.0, 3.0]), "loc must be .* integer")):
+                       (torch.tensor([1.0, 2.0, 3.0]), "loc must be integer .* torch.float32"),
+                       (torch.tensor([True, False, True]), "loc must be integer .* torch.bool")):
         with pytest.raises(ValueError, match=match):
             cpu_attention.commit_cpu(k, k, loc, fresh)
     with pytest.raises(ValueError, match="got 2 loops of K/V for a view of 4"):
         cpu_attention.commit_cpu(k[:2], k[:2], torch.tensor([1, 2, 3]), fresh)
+    # the review of the fix: a K/V of other heads or head_dim wrote rows beyond loc
+    for shape in ((4, 3, 2, 64), (4, 3, 1, 128)):
+        with pytest.raises(ValueError, match="for a view of 1 KV heads x head_dim 64"):
+            cpu_attention.commit_cpu(torch.randn(shape), torch.randn(shape),
+                                     torch.tensor([5, 6, 7]), fresh)
+    q4, kc4, vc4 = (t.float() for t in queries(2, 4, 4, 64, device="cpu", seed=1))
+    with pytest.raises(ValueError, match="the view's 1 KV heads of head_dim 64 do not match"):
+        cpu_attention.extend_attention_cpu(q4, kc4, vc4, view, 0, qo, kv_ind, idx, sm_scale=0.1)
+    with pytest.raises(ValueError, match="kv_indptr must be integer .* torch.float32"):
+        cpu_attention.extend_attention_cpu(q, kc, vc, view, 0, qo, kv_ind.float(), idx,
+                                           sm_scale=0.125)
     assert not any(t.any() for t in fresh.codes), "a refused commit wrote rows"
 
 
