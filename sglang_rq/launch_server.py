@@ -82,6 +82,30 @@ def _format_flags() -> frozenset[str]:
 _IGNORED_WHEN_DISABLED = _format_flags() | {"--rq-staging-tokens"}
 
 
+def ignored_flags(argv: list[str], cfg: RQConfig) -> list[tuple[str, list[str]]]:
+    """The ``--rq-*`` flags in ``argv`` that ``cfg`` makes meaningless, as (why, flags) pairs:
+    every format flag under ``--rq-disable``; the anchor and residual bits under
+    ``--rq-loop-bits``; the rotation's seed and basis under ``--rq-rotation none``; the seed of
+    any rotation but ``signed-hadamard``."""
+    given = {a.split("=")[0] for a in argv}
+
+    def named(*flags: str) -> list[str]:
+        return sorted(given & set(flags))
+
+    if not cfg.enabled:
+        out = [("--rq-disable serves SGLang's BF16 pool", named(*_IGNORED_WHEN_DISABLED))]
+    else:
+        out = [("--rq-loop-bits sets every loop's bits",
+                named("--rq-anchor-bits", "--rq-residual-bits") if cfg.loop_bits else []),
+               ("--rq-rotation none rotates nothing",
+                named("--rq-rotation-seed", "--rq-rotate-anchor", "--no-rq-rotate-anchor")
+                if cfg.rotation == "none" else []),
+               (f"--rq-rotation {cfg.rotation} has no random signs",
+                named("--rq-rotation-seed")
+                if cfg.rotation not in ("none", "signed-hadamard") else [])]
+    return [(why, flags) for why, flags in out if flags]
+
+
 #: The shortest canary interval: a canary check is a request on the worker it watches.
 MIN_CANARY_INTERVAL_S = 1.0
 
@@ -390,11 +414,8 @@ def prepare_environment(argv: list[str]) -> list[str]:
     ours, rest = parser.parse_known_args(argv)
     check_serving_values(ours)
     cfg = RQConfig.from_args(ours)
-    if not cfg.enabled:
-        ignored = sorted({a.split("=")[0] for a in argv if a.split("=")[0] in _IGNORED_WHEN_DISABLED})
-        if ignored:
-            print(f"sglang-rq: warning: --rq-disable serves SGLang's BF16 pool; ignoring "
-                  f"{', '.join(ignored)}", file=sys.stderr)
+    for why, ignored in ignored_flags(argv, cfg):
+        print(f"sglang-rq: warning: {why}; ignoring {', '.join(ignored)}", file=sys.stderr)
     env.RQ_CONFIG.set(cfg.to_json())
     env.RQ_KV_BUDGET_GB.set(ours.rq_kv_budget_gb)  # None or > 0 (check_serving_values)
     env.RQ_STAGING_TOKENS.set(ours.rq_staging_tokens)

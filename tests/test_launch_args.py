@@ -81,6 +81,25 @@ def test_format_flags_with_rq_disable_are_named_as_ignored(clean_env, capsys):
     assert "ignoring" not in capsys.readouterr().err
 
 
+def test_format_flags_the_format_overrides_are_named_as_ignored(clean_env, capsys):
+    """A fifth new-user review (session 39): the seed and basis under ``--rq-rotation none``
+    and the anchor/residual bits under ``--rq-loop-bits`` were ignored without a word."""
+    prepare_environment(["--rq-rotation", "none", "--rq-rotation-seed", "5",
+                         "--no-rq-rotate-anchor", "--rq-loop-bits=2,2,2,4",
+                         "--rq-anchor-bits", "8"])
+    err = capsys.readouterr().err
+    assert ("warning: --rq-loop-bits sets every loop's bits; ignoring --rq-anchor-bits\n"
+            in err)
+    assert ("warning: --rq-rotation none rotates nothing; ignoring --no-rq-rotate-anchor, "
+            "--rq-rotation-seed\n" in err)
+    prepare_environment(["--rq-rotation=hadamard", "--rq-rotation-seed=3"])
+    assert ("warning: --rq-rotation hadamard has no random signs; ignoring --rq-rotation-seed"
+            in capsys.readouterr().err)
+    prepare_environment(["--rq-rotation", "signed-hadamard", "--rq-rotation-seed", "3",
+                         "--rq-anchor-bits", "8"])
+    assert "ignoring" not in capsys.readouterr().err
+
+
 def test_staging_below_one_forward_is_refused_before_weights_load():
     """A new-user review found `--rq-staging-tokens 100` accepted: the server started and the
     first ~500-token prompt killed its scheduler (the pool's save refuses a forward larger than
