@@ -199,12 +199,10 @@ def balanced_split(lengths, rows, fill_rows, step):
 
 
 def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_bits, r_bits,
-                 qk_scale, num_splits, num_qo_heads, lazy=True, round_w=True, w_split=True,
+                 qk_scale, num_splits, num_qo_heads, lazy=True, round_w=True,
                  trunc=False, drain=True, fill_rows=0, step=16, v_f16=True, v_pre=VPRE,
                  drain_tiles=None):
-    """w_split: the anchor-only loop (r_bits 0) carries the remainder of its rounded V weights (paired:
-    in B columns 4-7; else as a second MMA into the same accumulator; the fix); False mirrors
-    the kernel before it (bf16 weights only). trunc: the MMAs' accumulation rounds toward zero
+    """trunc: the MMAs' accumulation rounds toward zero
     (`mma`). drain: the V accumulators' magic share is taken out every DRAIN_TOKENS tokens
     (``rescale_drain``); False mirrors the kernel before it. fill_rows > 0: balanced splits
     (`balanced_split`, ``num_splits`` = the rows the batch shares, ``step`` tokens per
@@ -242,7 +240,7 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
     cg = (2 * tq) % NG
     col_ok = 2 * tq < ROWS
     # V: lane g builds B column g, row vr = (head vh, group vgrp); paired (ROWS <= 4): columns
-    # g >= 4 carry the second term (residual, or the anchor weights' remainder) of row g - 4
+    # g >= 4 carry the residual's weights of row g - 4 (nothing without a residual)
     paired = ROWS <= 4
     NM = NT // 2
     vr = np.where(paired, G & 3, G)
@@ -487,17 +485,9 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
                         rw = f16r if round_w else (lambda z: z)
                         wa = [(z * F32(2.0 ** -v_pre)).astype(F32) for z in wa]
                         wr = [(z * F32(2.0 ** -v_pre)).astype(F32) for z in wr]
-                    wa_raw = wa
                     wa = [rw(z) for z in wa]
-                    wlo = None
-                    if not r_bits:  # the remainder of the anchor weights (w_split)
-                        rem = [rw((w_ - r_).astype(F32)) if w_split else np.zeros(32, F32)
-                               for w_, r_ in zip(wa_raw, wa)]
-                        if paired:  # columns 4-7
-                            wa = [np.where(second, r_, w_) for r_, w_ in zip(rem, wa)]
-                        elif w_split:  # a second MMA into the same accumulator
-                            wlo = rem
-                            sw_a = (sw_a + rem[0] + rem[1] + rem[2] + rem[3]).astype(F32)
+                    if not r_bits and paired:  # columns 4-7 carry nothing
+                        wa = [np.where(second, F32(0), w_) for w_ in wa]
                     sw_a = (sw_a + wa[0] + wa[1] + wa[2] + wa[3]).astype(F32)
                     if r_bits and not paired:
                         wr = [rw(z) for z in wr]
@@ -528,9 +518,7 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
 
                     u01, u89 = v_regs(va, a_bits)
                     for m in range(NM):
-                        cv[m] = mma(cv[m], af(u01, u89, m), bf(wa, ~second if r_bits else True), trunc)
-                        if wlo is not None:
-                            cv[m] = mma(cv[m], af(u01, u89, m), bf(wlo), trunc)
+                        cv[m] = mma(cv[m], af(u01, u89, m), bf(wa, ~second), trunc)
                     if r_bits:
                         u01, u89 = v_regs(vr_, r_bits)
                         for m in range(NM):
