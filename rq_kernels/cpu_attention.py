@@ -301,12 +301,13 @@ def extend_attention_cpu(q: torch.Tensor, k_cur: torch.Tensor, v_cur: torch.Tens
     if len(kv64) != len(qo64):
         raise ValueError(f"kv_indptr has {len(kv64)} entries and qo_indptr {len(qo64)}: need "
                          "batch_size + 1 each")
+    rows = _pool_rows(view)
     rc = library().rq_history_attention(
-        len(qo_list) - 1, T, len(idx64), _pool_rows(view), HQ, HKV, D, g, q_rot.data_ptr(),
+        len(qo_list) - 1, T, len(idx64), rows, HQ, HKV, D, g, q_rot.data_ptr(),
         qo64.data_ptr(), kv64.data_ptr(), idx64.data_ptr(), chain_args, chain_len,
         float(sm_scale), hist.data_ptr(), lse_h.data_ptr())
     if rc != 0:
-        raise _call_error("rq_history_attention", rc, T=T, nnz=len(idx64), rows=_pool_rows(view))
+        raise _call_error("rq_history_attention", rc, T=T, nnz=len(idx64), rows=rows)
     if rot is not None:
         hist = torch.einsum("tkge,kde->tkgd", hist.view(T, HKV, gq, D), rot.float()).reshape(T, HQ, D)
     chunk, lse_c = _chunk_attention(qf, k_cur.float(), v_cur.float(), qo_list, sm_scale)

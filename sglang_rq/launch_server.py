@@ -204,20 +204,15 @@ def _argv_overrides(argv: list[str]) -> dict:
     sglang_rq.config.RQConfigError
         For a value that is not a JSON object.
     """
-    flag, given = "--json-model-override-args", []
-    for i, a in enumerate(argv):
-        if a == flag and i + 1 < len(argv):
-            given.append(argv[i + 1])
-        elif a.startswith(flag + "="):
-            given.append(a.split("=", 1)[1])
-    if not given:
+    raw = _flag_value(argv, "--json-model-override-args")
+    if not raw:
         return {}
     try:
-        value = json.loads(given[-1])
+        value = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise RQConfigError(f"--json-model-override-args={given[-1]}: not JSON ({exc})") from None
+        raise RQConfigError(f"--json-model-override-args={raw}: not JSON ({exc})") from None
     if not isinstance(value, dict):
-        raise RQConfigError(f"--json-model-override-args={given[-1]}: must be a JSON object")
+        raise RQConfigError(f"--json-model-override-args={raw}: must be a JSON object")
     return value
 
 
@@ -243,14 +238,16 @@ def _without_uncapturable_graphs(argv: list[str], cfg: RQConfig) -> list[str]:
 
 
 def _flag_value(argv: list[str], *flags: str) -> str | None:
-    """The value given to the first of ``flags`` found in ``argv`` (``--f v`` or ``--f=v``)."""
+    """The value ``argv`` gives ``flags`` (spellings of one flag, ``--f v`` or ``--f=v``): the
+    last one given, as argparse keeps it; None if none is."""
+    value = None
     for i, a in enumerate(argv):
         for f in flags:
             if a == f and i + 1 < len(argv):
-                return argv[i + 1]
-            if a.startswith(f + "="):
-                return a.split("=", 1)[1]
-    return None
+                value = argv[i + 1]
+            elif a.startswith(f + "="):
+                value = a.split("=", 1)[1]
+    return value
 
 
 def check_local_model_path(model_path: str | None) -> None:

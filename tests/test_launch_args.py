@@ -490,3 +490,14 @@ def test_recurrences_and_an_override_that_disagree_are_refused():
                             '{"mean_recurrence": 8, "x": 1}'], 8)  # agreeing: kept, merged
     assert json.loads(out[out.index("--json-model-override-args") + 1]) == {
         "mean_recurrence": 8, "x": 1}
+
+
+def test_the_launcher_reads_a_repeated_flag_as_argparse_does():
+    """SGLang's argparse keeps a flag's last value (over all its spellings); the launcher's own
+    checks read the same one."""
+    from sglang_rq.launch_server import _flag_value
+
+    argv = ["--model-path", "a", "--tp-size=2", "--model", "b", "--tp-size", "4"]
+    assert _flag_value(argv, "--model-path", "--model") == "b"
+    assert _flag_value(argv, "--tp-size") == "4"
+    assert _flag_value(argv, "--port") is None
