@@ -115,8 +115,8 @@ class ModelKVShape:
         ------
         RQConfigError
             If the file is missing, is not a JSON object, lacks a field, or a count field
-            (`COUNT_FIELDS`) is not a positive integer (names the file and field), or
-            ``tp_size`` does not divide the KV heads.
+            (`COUNT_FIELDS`) is not a positive integer (names the file and field), the KV
+            heads do not divide the query heads, or ``tp_size`` does not divide the KV heads.
         """
         where = "config"
         if isinstance(path_or_dict, Mapping):
@@ -145,6 +145,10 @@ class ModelKVShape:
                 return _huginn_shape(hf.get, tp_size)
             heads = hf["num_attention_heads"]
             total_kv = hf.get("num_key_value_heads") or heads
+            if heads % total_kv:  # SGLang refuses such a model at load
+                raise RQConfigError(f"{where}: field 'num_key_value_heads' ({total_kv}) must "
+                                    f"divide 'num_attention_heads' ({heads}): each KV head "
+                                    "serves a whole group of query heads")
             return cls(num_layers=hf["num_hidden_layers"], num_loops=_num_loops(hf.get),
                        num_kv_heads=_heads_per_rank(total_kv, tp_size),
                        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads)

@@ -214,6 +214,10 @@ def test_model_kv_shape_from_hf_config_and_tensor_parallel(tmp_path):
         with pytest.raises(RQConfigError, match=f"field '{key}' must be a positive integer, "
                                                 f"got {re.escape(repr(value))}"):
             ModelKVShape.from_hf_config({**hf, key: value})
+    # KV heads that do not divide the query heads: no GQA model (kv-size accepted 16 / 6)
+    with pytest.raises(RQConfigError, match=r"'num_key_value_heads' \(6\) must divide "
+                                            r"'num_attention_heads' \(16\)"):
+        ModelKVShape.from_hf_config({**hf, "num_key_value_heads": 6})
     with pytest.raises(RQConfigError, match="is a JSON list, not an object"):
         (tmp_path / "list.json").write_text("[1, 2]")
         ModelKVShape.from_hf_config(tmp_path / "list.json")
