@@ -12,9 +12,11 @@ from benchmarks.common import read_arms, stream_reader
 
 
 @pytest.mark.parametrize("nbytes,block", [(64, 16), (4 * 1000 + 37, 64), (8192, 2048)])
-def test_stream_reader_reads_every_word(nbytes, block):
+def test_stream_reader_reads_every_word(nbytes, block, device):
     gen = torch.Generator().manual_seed(nbytes)
-    buf = torch.randint(0, 256, (nbytes + 100,), generator=gen, dtype=torch.uint8)
+    # on the kernel's device (a CPU tensor given to the CUDA launch was refused: "Pointer
+    # argument ... cpu tensor?", H100 12-06)
+    buf = torch.randint(0, 256, (nbytes + 100,), generator=gen, dtype=torch.uint8).to(device)
     words = buf[:nbytes // 64 * 64].view(torch.int32)
     launch, out = stream_reader(buf, nbytes, (block, 1))
     launch()
