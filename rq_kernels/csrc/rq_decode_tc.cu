@@ -241,10 +241,9 @@ __device__ __forceinline__ float2 f16_pair(uint32_t h) {  // fp16x2 -> (low, hig
 }
 __device__ __forceinline__ float bf16_lo(uint32_t x) { return __uint_as_float(x << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t x) { return __uint_as_float(x & 0xFFFF0000u); }
-// V weights as the V MMA takes them (fp16 of W 2^-VPRE) and back (in those units)
-__device__ __forceinline__ uint32_t pack_w(float lo, float hi) {
-  return pack_f16(lo * (1.f / (1 << VPRE)), hi * (1.f / (1 << VPRE)));
-}
+// V weights as the V MMA takes them (fp16 of W 2^-VPRE, the factor already in p: see the tile
+// loop's m_p) and back (in those units)
+__device__ __forceinline__ uint32_t pack_w(float lo, float hi) { return pack_f16(lo, hi); }
 __device__ __forceinline__ float2 unpack_w(uint32_t x) { return f16_pair(x); }
 
 // Two FP8 e4m3 bytes (scale at the low byte, offset at the high byte) -> fp32 pair.
@@ -1446,7 +1445,7 @@ rq_decode_tc_split(const Args A) {
 #else
       const float c_k = 1.f;
 #endif
-      float acc = 0.f;
+      float acc = -0.f;  // x + -0 == x: no add of the initial zero
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const float2 sa = fp8x2((uint16_t)(ska >> (16 * c)));
@@ -1512,6 +1511,11 @@ rq_decode_tc_split(const Args A) {
       m_run_k = __shfl_sync(0xffffffffu, m_run, 4 * (ht_k * NG));  // row (ht, group 0)
     }
 
+    // p = 2^(logit - m_run - VPRE): the V weights' factor 2^-VPRE comes with the exponent, so
+    // l_run and m_off run in those units too (taken back after the loop). A finite m_p makes
+    // exp2 of a masked logit (-inf) exactly 0 with no select, also before any logit of the head
+    // (m_run = -inf).
+    const float m_p = fmaxf(m_run, -1.0e30f) + VPRE;
 #pragma unroll
     for (int u = 0; u < SUBT; ++u) {
     const uint8_t* stp = stps[u];
@@ -1523,7 +1527,7 @@ rq_decode_tc_split(const Args A) {
 #endif
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float p = qk[u][i] == -INFINITY ? 0.f : exp2f(qk[u][i] - m_run);
+      const float p = exp2f(qk[u][i] - m_p);
       const int tk = 2 * t + (i & 1) + 8 * (i >> 1);
 #if PAIRED && R_BITS > 0
       // the anchor's (kind 1, times c) or the residual's (kind 3) scale and offset
@@ -1583,6 +1587,8 @@ rq_decode_tc_split(const Args A) {
     }
   }
 
+  l_run *= 1 << VPRE;  // back from the units of p (m_p)
+  m_off *= 1 << VPRE;
   // ---- sums over the quad (tokens): column g's weight sums, row vr's p sum and offsets
 #pragma unroll
   for (int x = 1; x <= 2; x <<= 1) {

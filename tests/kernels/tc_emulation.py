@@ -1,8 +1,8 @@
 """A NumPy emulation of `csrc/rq_decode_tc.cu` (the split kernel) with the kernel's roundings:
 the K side as u8 codes against a 16-bit fixed-point query in two s8 halves (exact s32 sums;
 query rows <= 4, KINT) or fp16 query fragments against fp16 codes (the folds), the V side as
-fp16 codes against fp16 weights W 2^-8 (VPRE), fp32 MMA accumulation, lazy rescaling. Lane
-by lane (arrays over the 32 lanes of a warp), one warp per (request, KV head, split); plus the
+fp16 codes against fp16 weights W 2^-VPRE (the factor in p), fp32 MMA accumulation, lazy
+rescaling. Lane by lane (arrays over the 32 lanes of a warp), one warp per (request, KV head, split); plus the
 merge (`rq_decode_merge_kernel`, without rotation) in fp32. head_dim 64 and 128 only.
 """
 
@@ -456,9 +456,11 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
                         m_off *= f
                         m_run = m_new.astype(F32)
                     wa, wr = [], []
+                    # p carries the fp16 weights' 2^-v_pre (the kernel's m_p); a masked logit
+                    # (-inf) gives exp2(-inf) = 0, also while m_run is -inf
+                    m_p = (np.maximum(m_run, F32(-1e30)) + F32(v_pre)).astype(F32)
                     for i in range(4):
-                        with np.errstate(invalid="ignore"):
-                            p = np.where(qk[i] == -np.inf, F32(0), np.exp2(qk[i] - m_run)).astype(F32)
+                        p = np.exp2(qk[i] - m_p).astype(F32)
                         tk = 2 * T + (i & 1) + 8 * (i >> 1)
                         sx = fp8(sva[tk, 2 * vgrp])
                         sy = fp8(sva[tk, 2 * vgrp + 1])
@@ -483,8 +485,6 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
                     rw = bf16r if round_w else (lambda z: z)
                     if v_f16:
                         rw = f16r if round_w else (lambda z: z)
-                        wa = [(z * F32(2.0 ** -v_pre)).astype(F32) for z in wa]
-                        wr = [(z * F32(2.0 ** -v_pre)).astype(F32) for z in wr]
                     wa = [rw(z) for z in wa]
                     if not r_bits and paired:  # columns 4-7 carry nothing
                         wa = [np.where(second, F32(0), w_) for w_ in wa]
@@ -526,6 +526,8 @@ def split_kernel(q_rot, kv_indptr, kv_indices, tensors, *, head_dim, gs, gq, a_b
                                 cv[m] = mma(cv[m], af(u01, u89, m), bf(wa, second), trunc)
                             else:
                                 cw[m] = mma(cw[m], af(u01, u89, m), bf(wr), trunc)
+                l_run = (l_run * F32(2.0 ** v_pre)).astype(F32)  # back from the units of p
+                m_off = (m_off * F32(2.0 ** v_pre)).astype(F32)
                 for m in (1, 2):
                     l_run = l_run + xor(l_run, m)
                     sw_a = sw_a + xor(sw_a, m)
