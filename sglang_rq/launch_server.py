@@ -23,7 +23,7 @@ from pathlib import Path
 from sglang_rq import env
 from sglang_rq.cli_values import positive_error
 from sglang_rq.config import RQConfig, RQConfigError, add_cli_args
-from sglang_rq.layout import HUGINN_MODEL_TYPE
+from sglang_rq.layout import HUGINN_MODEL_TYPE, ModelKVShape
 from sglang_rq.models.embedded import EMBEDDED_MODEL
 from sglang_rq.server_process import port_in_use_reason
 CPU_SHIMS = Path(__file__).resolve().parent / "_cpu_shims"
@@ -82,11 +82,13 @@ def _format_flags() -> frozenset[str]:
 _IGNORED_WHEN_DISABLED = _format_flags() | {"--rq-staging-tokens"}
 
 
-def ignored_flags(argv: list[str], cfg: RQConfig) -> list[tuple[str, list[str]]]:
+def ignored_flags(argv: list[str], cfg: RQConfig,
+                  shape: ModelKVShape | None = None) -> list[tuple[str, list[str]]]:
     """The ``--rq-*`` flags in ``argv`` that ``cfg`` makes meaningless, as (why, flags) pairs:
     every format flag under ``--rq-disable``; the anchor and residual bits under
     ``--rq-loop-bits``; the rotation's seed and basis under ``--rq-rotation none``; the seed of
-    any rotation but ``signed-hadamard``."""
+    any rotation but ``signed-hadamard``; ``--rq-unlooped-bits`` for a model ``shape`` (when
+    known) without un-looped layers."""
     given = {a.split("=")[0] for a in argv}
 
     def named(*flags: str) -> list[str]:
@@ -102,7 +104,10 @@ def ignored_flags(argv: list[str], cfg: RQConfig) -> list[tuple[str, list[str]]]
                 if cfg.rotation == "none" else []),
                (f"--rq-rotation {cfg.rotation} has no random signs",
                 named("--rq-rotation-seed")
-                if cfg.rotation not in ("none", "signed-hadamard") else [])]
+                if cfg.rotation not in ("none", "signed-hadamard") else []),
+               ("the model has no un-looped (prelude or coda) layers",
+                named("--rq-unlooped-bits")
+                if shape is not None and shape.unlooped_layers == 0 else [])]
     return [(why, flags) for why, flags in out if flags]
 
 
@@ -222,19 +227,26 @@ def _without_uncapturable_graphs(argv: list[str], cfg: RQConfig) -> list[str]:
     the user set graph flags themselves (the backend then refuses to capture, naming the flags)."""
     if _has_flag(argv, "--disable-cuda-graph"):
         return argv
-    hf = _local_model_config(_flag_value(argv, "--model-path", "--model"), _argv_overrides(argv))
-    if hf is None:
+    shape = _local_shape(argv)
+    if shape is None:
         return argv
     from sglang_rq.dispatch import graph_blocker
-    from sglang_rq.layout import ModelKVShape
 
-    shape = ModelKVShape.from_hf_config(hf, tp_size=int(_flag_value(argv, "--tp-size", "--tp") or 1))
     why = graph_blocker(shape, cfg)
     if why is None:
         return argv
     print(f"sglang-rq: CUDA graphs off: {why}; decode runs eager (pass --rq-unlooped-bits 8 to "
           "serve every layer with the fused kernels and keep graphs)", file=sys.stderr)
     return argv + ["--disable-cuda-graph"]
+
+
+def _local_shape(argv: list[str]) -> ModelKVShape | None:
+    """The KV shape on one rank of the model ``argv`` serves when it is a local directory (with
+    ``--json-model-override-args`` applied), else None (a hub id: read by SGLang)."""
+    hf = _local_model_config(_flag_value(argv, "--model-path", "--model"), _argv_overrides(argv))
+    if hf is None:
+        return None
+    return ModelKVShape.from_hf_config(hf, tp_size=int(_flag_value(argv, "--tp-size", "--tp") or 1))
 
 
 def _flag_value(argv: list[str], *flags: str) -> str | None:
@@ -411,8 +423,6 @@ def prepare_environment(argv: list[str]) -> list[str]:
     ours, rest = parser.parse_known_args(argv)
     check_serving_values(ours)
     cfg = RQConfig.from_args(ours)
-    for why, ignored in ignored_flags(argv, cfg):
-        print(f"sglang-rq: warning: {why}; ignoring {', '.join(ignored)}", file=sys.stderr)
     env.RQ_CONFIG.set(cfg.to_json())
     env.RQ_KV_BUDGET_GB.set(ours.rq_kv_budget_gb)  # None or > 0 (check_serving_values)
     env.RQ_STAGING_TOKENS.set(ours.rq_staging_tokens)
@@ -428,6 +438,8 @@ def prepare_environment(argv: list[str]) -> list[str]:
     check_local_model_path(_flag_value(rest, "--model-path", "--model"))
     if ours.rq_recurrences is not None:
         rest = with_recurrences(rest, ours.rq_recurrences)
+    for why, ignored in ignored_flags(argv, cfg, _local_shape(rest)):
+        print(f"sglang-rq: warning: {why}; ignoring {', '.join(ignored)}", file=sys.stderr)
     # NOTE: SGLang 0.5.23 notices a vanished HTTP client only when its per-request wait times
     # out (this variable, default 4 s), then drops a chunked prefill at the next chunk boundary;
     # 1 s cuts a disconnected prefill from 3-4 chunks to 1 (docs/robustness.md section 5).
@@ -519,7 +531,7 @@ def validate_against_model(cfg: RQConfig, model_path: str, *, tp_size: int = 1,
     if hf is None:
         return
     from sglang_rq.config import ROTATION_CHOICES
-    from sglang_rq.layout import ModelKVShape, kv_stacks
+    from sglang_rq.layout import kv_stacks
     from sglang_rq.rotation import build_rotation
 
     shape = ModelKVShape.from_hf_config(hf, tp_size=tp_size)

@@ -98,6 +98,14 @@ def test_format_flags_the_format_overrides_are_named_as_ignored(clean_env, capsy
     prepare_environment(["--rq-rotation", "signed-hadamard", "--rq-rotation-seed", "3",
                          "--rq-anchor-bits", "8"])
     assert "ignoring" not in capsys.readouterr().err
+    # the embedded model (Ouro-shaped) has no prelude or coda: its format line said unlooped=8
+    prepare_environment(["--rq-unlooped-bits", "8"])
+    assert ("warning: the model has no un-looped (prelude or coda) layers; ignoring "
+            "--rq-unlooped-bits\n" in capsys.readouterr().err)
+    from sglang_rq.models.embedded import EMBEDDED_HUGINN  # prelude and coda
+
+    prepare_environment(["--rq-unlooped-bits", "8", "--model-path", str(EMBEDDED_HUGINN)])
+    assert "ignoring" not in capsys.readouterr().err
 
 
 def test_staging_below_one_forward_is_refused_before_weights_load():
