@@ -438,7 +438,11 @@ def prepare_environment(argv: list[str]) -> list[str]:
     check_local_model_path(_flag_value(rest, "--model-path", "--model"))
     if ours.rq_recurrences is not None:
         rest = with_recurrences(rest, ours.rq_recurrences)
-    for why, ignored in ignored_flags(argv, cfg, _local_shape(rest)):
+    # the shape only where it decides a warning: a model the RQ format cannot shape (e.g. a
+    # config nested under text_config) must still serve under --rq-disable
+    shape = (_local_shape(rest) if cfg.enabled and _has_flag(argv, "--rq-unlooped-bits")
+             else None)
+    for why, ignored in ignored_flags(argv, cfg, shape):
         print(f"sglang-rq: warning: {why}; ignoring {', '.join(ignored)}", file=sys.stderr)
     # NOTE: SGLang 0.5.23 notices a vanished HTTP client only when its per-request wait times
     # out (this variable, default 4 s), then drops a chunked prefill at the next chunk boundary;
