@@ -6,7 +6,9 @@
 #   steps: doctor gpuserver gputests kernels bench-extend bench-decode ops serving-card
 #          serving-budget tp2 profile-server tc-ab
 #
-# Env: BUNDLE (default .gpu-bundle/sglang-rq-bundle.tar.xz, from `sglang-rq bundle`), SITE (where
+# Env: BUNDLE (default .gpu-bundle/site.tar.xz where it exists, the device site that
+# `benchmarks/device_site.py` writes from the full bundle and that fits the lent machine's carried
+# tree beside the checkout; else .gpu-bundle/sglang-rq-bundle.tar.xz, from `sglang-rq bundle`), SITE (where
 # it is unpacked, default /tmp/rq-site), OUT (results, default /tmp/rq-out), DATA (held-out text,
 # default .gpu-bundle/data), TOKENIZER (SmolLM2 tokenizer dir for the Ouro-1.4B-shaped checkpoint,
 # default .gpu-bundle/smollm2-tokenizer), MAX_S (skip steps that start after this many seconds),
@@ -22,7 +24,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rq-out}; SITE=${SITE:-/tmp/rq-site}; mkdir -p "$OUT"
 T0=$(date +%s); el() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
-BUNDLE=${BUNDLE:-.gpu-bundle/sglang-rq-bundle.tar.xz}
+[ -f .gpu-bundle/site.tar.xz ] && DEFAULT_BUNDLE=.gpu-bundle/site.tar.xz || DEFAULT_BUNDLE=.gpu-bundle/sglang-rq-bundle.tar.xz
+BUNDLE=${BUNDLE:-$DEFAULT_BUNDLE}
 if [ ! -d "$SITE/sglang" ] && [ -f "$BUNDLE" ]; then
   mkdir -p "$SITE" && tar -xJf "$BUNDLE" -C "$SITE" || exit 3
 elif [ ! -d "$SITE/sglang" ]; then  # the kernel steps (kernels, bench-*, tc-ab) need no SGLang
