@@ -2,8 +2,9 @@
 the K side as u8 codes against a 16-bit fixed-point query in two s8 halves (exact s32 sums;
 query rows <= 4, KINT) or fp16 query fragments against fp16 codes (the folds), the V side as
 fp16 codes against fp16 weights W 2^-VPRE (the factor in p), fp32 MMA accumulation, lazy
-rescaling. Lane by lane (arrays over the 32 lanes of a warp), one warp per (request, KV head, split); plus the
-merge (`rq_decode_merge_kernel`, without rotation) in fp32. head_dim 64 and 128 only.
+rescaling. Lane by lane (arrays over the 32 lanes of a warp), one warp per (request, KV head,
+split); plus the merge (`rq_decode_merge_kernel`, without rotation) in fp32. head_dim 64 and 128
+only.
 """
 
 from __future__ import annotations
