@@ -14,7 +14,9 @@ and the wheels' RECORD files (pip's install lists; importlib.metadata reads META
 everything serving imports; session 40 found `sglang.srt.multimodal`,
 `sglang.srt.hardware_backend`, `sglang.srt.disaggregation`, openai, xgrammar, gguf and
 soundfile's data imported at start-up (each missing one failed the server or the pool tests on an
-H100: `benchmarks/results/h200_2026-12-06b_scripts/README.md`). About 15.2 MB.
+H100: `benchmarks/results/h200_2026-12-06b_scripts/README.md`). About 15.2 MB. On CPU (session
+40) the embedded model served a request with the site's SGLang (`python -S`, the site's sglang
+ahead of a venv's other packages); its compiled wheels are the device's Python 3.12's.
 """
 
 from __future__ import annotations
