@@ -8,14 +8,14 @@
 #
 # Env: BUNDLE (default .gpu-bundle/site.tar.xz where it exists, the device site that
 # `benchmarks/device_site.py` writes from the full bundle and that fits the lent machine's carried
-# tree beside the checkout; else .gpu-bundle/sglang-rq-bundle.tar.xz, from `sglang-rq bundle`), SITE (where
-# it is unpacked, default /tmp/rq-site), OUT (results, default /tmp/rq-out), DATA (held-out text,
-# default .gpu-bundle/data), TOKENIZER (SmolLM2 tokenizer dir for the Ouro-1.4B-shaped checkpoint,
-# default .gpu-bundle/smollm2-tokenizer), MAX_S (skip steps that start after this many seconds),
-# CARD_ARGS (extra flags of the card suite, e.g. --offered 0), GPUTESTS (test files of the gputests
-# step), TESTS_K (-k filter of the gpuserver step), BENCH_ARGS (extra flags of the bench-* steps,
-# e.g. --mixed-only for bench-extend), BASE_REV (the tc-ab step's base: a git revision, or a saved
-# .cu file where the checkout travels without .git; default main; the working tree's tc kernel
+# tree beside the checkout; else .gpu-bundle/sglang-rq-bundle.tar.xz, from `sglang-rq bundle`), SITE
+# (where it is unpacked, default /tmp/rq-site), OUT (results, default /tmp/rq-out), DATA (held-out
+# text, default .gpu-bundle/data), TOKENIZER (SmolLM2 tokenizer dir for the Ouro-1.4B-shaped
+# checkpoint, default .gpu-bundle/smollm2-tokenizer), MAX_S (skip steps that start after this many
+# seconds), CARD_ARGS (extra flags of the card suite, e.g. --offered 0), GPUTESTS (test files of the
+# gputests step), TESTS_K (-k filter of the gpuserver step), BENCH_ARGS (extra flags of the bench-*
+# steps, e.g. --mixed-only for bench-extend), BASE_REV (the tc-ab step's base: a git revision, or a
+# saved .cu file where the checkout travels without .git; default main; the working tree's tc kernel
 # against it, `benchmarks/bench_tc_ab.py`).
 # FlashInfer's BF16 decode (`benchmarks/flashinfer_bundle.py .gpu-bundle`, carried as
 # .gpu-bundle/flashinfer-decode) is timed beside SDPA by bench-decode and bench_decode_step.py
@@ -24,7 +24,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/rq-out}; SITE=${SITE:-/tmp/rq-site}; mkdir -p "$OUT"
 T0=$(date +%s); el() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
-[ -f .gpu-bundle/site.tar.xz ] && DEFAULT_BUNDLE=.gpu-bundle/site.tar.xz || DEFAULT_BUNDLE=.gpu-bundle/sglang-rq-bundle.tar.xz
+DEFAULT_BUNDLE=.gpu-bundle/sglang-rq-bundle.tar.xz
+[ -f .gpu-bundle/site.tar.xz ] && DEFAULT_BUNDLE=.gpu-bundle/site.tar.xz
 BUNDLE=${BUNDLE:-$DEFAULT_BUNDLE}
 if [ ! -d "$SITE/sglang" ] && [ -f "$BUNDLE" ]; then
   mkdir -p "$SITE" && tar -xJf "$BUNDLE" -C "$SITE" || exit 3

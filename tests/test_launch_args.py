@@ -108,6 +108,17 @@ def test_format_flags_the_format_overrides_are_named_as_ignored(clean_env, capsy
     assert "ignoring" not in capsys.readouterr().err
 
 
+def test_a_model_the_format_cannot_shape_still_serves_bf16(clean_env, capsys, tmp_path):
+    """The shape read for the --rq-unlooped-bits warning must not refuse a model --rq-disable
+    serves: a config nested under text_config has no top-level num_hidden_layers."""
+    (tmp_path / "config.json").write_text('{"text_config": {"num_hidden_layers": 2}}')
+    argv = prepare_environment(["--rq-disable", "--rq-unlooped-bits", "8",
+                                "--model-path", str(tmp_path)])
+    assert str(tmp_path) in argv
+    assert ("--rq-disable serves SGLang's BF16 pool; ignoring --rq-unlooped-bits"
+            in capsys.readouterr().err)
+
+
 def test_staging_below_one_forward_is_refused_before_weights_load():
     """A new-user review found `--rq-staging-tokens 100` accepted: the server started and the
     first ~500-token prompt killed its scheduler (the pool's save refuses a forward larger than
