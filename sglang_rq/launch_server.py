@@ -240,13 +240,18 @@ def _without_uncapturable_graphs(argv: list[str], cfg: RQConfig) -> list[str]:
     return argv + ["--disable-cuda-graph"]
 
 
+def _local_model_shape(model_path: str | None, overrides: dict | None,
+                       tp_size: int) -> ModelKVShape | None:
+    """The KV shape on one of ``tp_size`` ranks of a local model (`_local_model_config`, the
+    overrides applied), else None (a hub id: read by SGLang)."""
+    hf = _local_model_config(model_path, overrides)
+    return None if hf is None else ModelKVShape.from_hf_config(hf, tp_size=tp_size)
+
+
 def _local_shape(argv: list[str]) -> ModelKVShape | None:
-    """The KV shape on one rank of the model ``argv`` serves when it is a local directory (with
-    ``--json-model-override-args`` applied), else None (a hub id: read by SGLang)."""
-    hf = _local_model_config(_flag_value(argv, "--model-path", "--model"), _argv_overrides(argv))
-    if hf is None:
-        return None
-    return ModelKVShape.from_hf_config(hf, tp_size=int(_flag_value(argv, "--tp-size", "--tp") or 1))
+    """`_local_model_shape` of the model, overrides and ``--tp-size`` that ``argv`` gives."""
+    return _local_model_shape(_flag_value(argv, "--model-path", "--model"), _argv_overrides(argv),
+                              int(_flag_value(argv, "--tp-size", "--tp") or 1))
 
 
 def _flag_value(argv: list[str], *flags: str) -> str | None:
@@ -531,14 +536,13 @@ def validate_against_model(cfg: RQConfig, model_path: str, *, tp_size: int = 1,
     sglang_rq.config.RQConfigError
         Naming the ``--rq-*`` flag, as the pool would, but within a second of start-up.
     """
-    hf = _local_model_config(model_path, overrides) if cfg.enabled else None
-    if hf is None:
+    shape = _local_model_shape(model_path, overrides, tp_size) if cfg.enabled else None
+    if shape is None:
         return
     from sglang_rq.config import ROTATION_CHOICES
     from sglang_rq.layout import kv_stacks
     from sglang_rq.rotation import build_rotation
 
-    shape = ModelKVShape.from_hf_config(hf, tp_size=tp_size)
     kv_stacks(shape, cfg)
     if cfg.rotation not in ROTATION_CHOICES and tp_size > 1:
         raise RQConfigError(f"--rq-rotation={cfg.rotation} with --tp-size {tp_size}: rotation "
