@@ -7,7 +7,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/rq-out}; T0=$(date +%s)
 nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader
-rm -rf /tmp/rq-site && mkdir -p /tmp/rq-site && tar -xJf .gpu-bundle/kern4.tar.xz -C /tmp/rq-site
+rm -rf /tmp/rq-site && mkdir -p /tmp/rq-site && tar -xJf ${SITE_TAR:-.gpu-bundle/kern4.tar.xz} -C /tmp/rq-site
 export PYTHONPATH=$PWD:/tmp/rq-site TRITON_CACHE_DIR=/tmp/triton-cache XDG_CACHE_HOME=/tmp/xdg PYTHONUNBUFFERED=1
 export SGLANG_RQ_DATA_DIR=$PWD/.gpu-bundle/data
 timeout ${SERVER_S:-180} python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu_server.py > $OUT/gpuserver.txt 2>&1
