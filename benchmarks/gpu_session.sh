@@ -10,13 +10,14 @@
 # `benchmarks/device_site.py` writes from the full bundle and that fits the lent machine's carried
 # tree beside the checkout; else .gpu-bundle/sglang-rq-bundle.tar.xz, from `sglang-rq bundle`), SITE
 # (where it is unpacked, default /tmp/rq-site), OUT (results, default /tmp/rq-out), DATA (held-out
-# text, default .gpu-bundle/data), TOKENIZER (SmolLM2 tokenizer dir for the Ouro-1.4B-shaped
-# checkpoint, default .gpu-bundle/smollm2-tokenizer), MAX_S (skip steps that start after this many
-# seconds), CARD_ARGS (extra flags of the card suite, e.g. --offered 0), GPUTESTS (test files of the
-# gputests step), TESTS_K (-k filter of the gpuserver step), BENCH_ARGS (extra flags of the bench-*
-# steps, e.g. --mixed-only for bench-extend), BASE_REV (the tc-ab step's base: a git revision, or a
-# saved .cu file where the checkout travels without .git; default main; the working tree's tc kernel
-# against it, `benchmarks/bench_tc_ab.py`).
+# text, default .gpu-bundle/data; `device_site.py --data` writes the heads the gpuserver step
+# reads), TOKENIZER (SmolLM2 tokenizer dir for the Ouro-1.4B-shaped checkpoint, default
+# .gpu-bundle/smollm2-tokenizer), MAX_S (skip steps that start after this many seconds), CARD_ARGS
+# (extra flags of the card suite, e.g. --offered 0), GPUTESTS (test files of the gputests step),
+# TESTS_K (-k filter of the gpuserver step), BENCH_ARGS (extra flags of the bench-* steps, e.g.
+# --mixed-only for bench-extend), BASE_REV (the tc-ab step's base: a git revision, or a saved .cu
+# file where the checkout travels without .git; default main; the working tree's tc kernel against
+# it, `benchmarks/bench_tc_ab.py`).
 # FlashInfer's BF16 decode (`benchmarks/flashinfer_bundle.py .gpu-bundle`, carried as
 # .gpu-bundle/flashinfer-decode) is timed beside SDPA by bench-decode and bench_decode_step.py
 # when present.

@@ -83,6 +83,21 @@ def load_tokenizer(model_path: str | Path):
     return AutoTokenizer.from_pretrained(str(model_path))
 
 
+def dataset_file(name: str) -> Path:
+    """The file holding dataset ``name``'s text, relative to a data directory.
+
+    Raises
+    ------
+    ValueError
+        Unknown dataset name (flag ``--datasets``).
+    """
+    if name == "pride":
+        return Path("literature") / "jane.austen.pride.and.prejudice.txt"
+    if name == "wikitext2":
+        return Path("wikitext2") / "wiki.test.raw"
+    raise ValueError(f"--datasets: unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
+
+
 def load_text(name: str, data_dir: Path) -> str:
     """Raw text of a dataset.
 
@@ -93,12 +108,7 @@ def load_text(name: str, data_dir: Path) -> str:
     FileNotFoundError
         The file is not under ``data_dir`` (flag ``--data-dir``).
     """
-    if name == "pride":
-        path = data_dir / "literature" / "jane.austen.pride.and.prejudice.txt"
-    elif name == "wikitext2":
-        path = data_dir / "wikitext2" / "wiki.test.raw"
-    else:
-        raise ValueError(f"--datasets: unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
+    path = data_dir / dataset_file(name)
     if not path.exists():
         raise FileNotFoundError(f"--data-dir={data_dir}: {path} not found")
     raw = path.read_bytes().decode("utf-8-sig", "replace")

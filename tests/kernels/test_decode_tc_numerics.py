@@ -111,19 +111,20 @@ def test_bf16_weights_alone_fail_the_anchor_only_case():
 
 
 def test_truncating_accumulation_needs_the_magic_drain():
-    """One split of 16k tokens (Ouro's MHA shape at head_dim 128, loop 3) with the tensor cores'
-    truncating accumulation: without the drain the Frobenius error leaves the policy (about 6x
-    bf16 SDPA's), with it the error is within (about 0.6x). With round-to-nearest the drain
-    still cuts the Frobenius error 4.6x (0.0096 -> 0.0021): compared with each other, not with
-    the policy, whose bf16 SDPA yardstick on the CPU depends on the CPU (0.0062 on a 2-core VM,
-    0.0038 on the H100's host, where the undrained error failed the policy)."""
+    """One split of 16k tokens (Ouro's MHA shape at head_dim 128, loop 3). With the tensor
+    cores' truncating accumulation and no drain the Frobenius error leaves the policy (0.200,
+    about 30-50x bf16 SDPA's); the drain cuts it 20x (to 0.0097). With round-to-nearest the drain
+    cuts it 4.6x (0.0096 -> 0.0021). The errors are compared with each other, not with the
+    policy, wherever they are near it: the policy's bf16 SDPA yardstick on the CPU depends on
+    the CPU (Frobenius 0.0062 on a 2-core VM, 0.0038 on the H100's host), while the emulation's
+    errors are the same on both (session 41); the real kernel meets the policy against the
+    GPU's SDPA in `test_decode.py`."""
     args = (NOROT, 4, 1, 1, 128, [16384], 3, 23, 1)
     rn_undrained, rn = _errors(*args, drain=False), _errors(*args)
     assert rn_undrained["fro"] > 3 * rn["fro"], (rn_undrained, rn)
-    e = _errors(*args, trunc=True, drain=False)
-    assert not within_policy(e), e
-    e = _errors(*args, trunc=True)
-    assert within_policy(e), e
+    undrained, drained = _errors(*args, trunc=True, drain=False), _errors(*args, trunc=True)
+    assert not within_policy(undrained), undrained
+    assert undrained["fro"] > 10 * drained["fro"], (undrained, drained)
 
 
 @pytest.mark.parametrize("lengths,splits,step,length,counts", [
