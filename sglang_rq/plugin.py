@@ -268,7 +268,9 @@ def _input_ids_hook(original, self, obj, input_ids, *args, **kwargs):
         ``top_logprobs_num`` (OpenAI: ``logprobs`` / ``top_logprobs``) above the vocabulary size
         or below 0, and a ``logprob_start_len`` below -1: SGLang 0.5.23 validates neither, and
         the scheduler's top-k (``k out of range``) or its input-logprob assertion killed the
-        whole server (found by a new-user review, 12-05).
+        whole server (found by a new-user review, 12-05). And a ``top_k`` of 0 or below -1
+        at temperature 0, where SGLang 0.5.23 sets ``top_k = 1`` before its own check, so only
+        a sampled request was refused (a new-user review, 12-06).
     """
     multimodal = getattr(obj, "contains_mm_input", None)
     if (input_ids is not None and len(input_ids) == 0
@@ -278,6 +280,7 @@ def _input_ids_hook(original, self, obj, input_ids, *args, **kwargs):
                          "token")
     vocab = self.model_config.vocab_size
     _check_logprob_args(obj, vocab)
+    _check_top_k(obj)
     if input_ids:
         lo, hi = min(input_ids), max(input_ids)
         bad = lo if lo < 0 else hi if hi >= vocab else None
@@ -304,6 +307,17 @@ def _check_logprob_args(obj, vocab: int) -> None:
         if start < -1:
             raise ValueError(f"logprob_start_len is {start}: it must be -1 (output tokens only) "
                              "or a prompt position >= 0")
+
+
+def _check_top_k(obj) -> None:
+    """Raise ValueError for a request whose sampling parameters (a dict, or for a batch a list
+    of dicts) hold an integer ``top_k`` of 0 or below -1, whatever the temperature, with SGLang's
+    own wording for a sampled request. Other types are left to SGLang."""
+    for params in _per_prompt(getattr(obj, "sampling_params", None)):
+        k = params.get("top_k") if isinstance(params, dict) else None
+        if isinstance(k, int) and not isinstance(k, bool) and (k == 0 or k < -1):
+            raise ValueError(f"top_k must be -1 (disable) or at least 1, got {k} (also at "
+                             "temperature 0)")
 
 
 def _parallel_samples_hook(original, self):

@@ -193,6 +193,10 @@ CASES: list[tuple[str, str, object, int]] = [
     ("top-logprobs-num-above-vocab-generate", GEN, {
         "text": "hi", "sampling_params": {"max_new_tokens": 2}, "return_logprob": True,
         "top_logprobs_num": 10**5}, 400),
+    # top_k 0 at temperature 0: SGLang 0.5.23 set top_k = 1 before its own check, so only a
+    # sampled request was refused (a new-user review, 12-06); the request hook answers 400
+    ("top-k-zero-greedy-generate", GEN, {"text": "hi", "sampling_params": {
+        "max_new_tokens": 2, "temperature": 0, "top_k": 0}}, 400),
     ("logprob-start-len-below-minus-one-generate", GEN, {
         "text": "hi there friend", "sampling_params": {"max_new_tokens": 2},
         "return_logprob": True, "logprob_start_len": -2}, 400),

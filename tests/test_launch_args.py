@@ -406,7 +406,8 @@ def test_empty_prompt_refused_unless_multimodal_or_embeddings():
 def test_logprob_requests_the_scheduler_cannot_serve_are_refused():
     """`plugin._input_ids_hook`: top_logprobs_num above the vocabulary (or below 0) and
     logprob_start_len below -1 are a 400 (ValueError) naming the field; SGLang 0.5.23's
-    scheduler died on them (a new-user review, 12-05). The edges pass."""
+    scheduler died on them (a new-user review, 12-05). A top_k of 0 or below -1 is refused at
+    temperature 0 too, where SGLang replaced it by 1 unchecked (12-06). The edges pass."""
     from types import SimpleNamespace
 
     from sglang_rq.plugin import _input_ids_hook
@@ -424,6 +425,11 @@ def test_logprob_requests_the_scheduler_cannot_serve_are_refused():
     for start in (-2, -5, [0, -3]):
         with pytest.raises(ValueError, match="logprob_start_len is -[0-9]+: it must be -1"):
             _input_ids_hook(original, tm, req(logprob_start_len=start), [1, 2])
+    for params in ({"top_k": 0, "temperature": 0}, {"top_k": -5}, [{"top_k": 1}, {"top_k": 0}]):
+        with pytest.raises(ValueError, match=r"top_k must be -1 \(disable\) or at least 1, got"):
+            _input_ids_hook(original, tm, req(sampling_params=params), [1, 2])
+    for params in ({"top_k": -1, "temperature": 0}, {"top_k": 1}, {}, None, [{"top_k": 40}]):
+        assert _input_ids_hook(original, tm, req(sampling_params=params), [1, 2]) == "validated"
     ok = req(top_logprobs_num=8192, logprob_start_len=-1)
     assert _input_ids_hook(original, tm, ok, [1, 2]) == "validated"
     assert _input_ids_hook(original, tm, req(top_logprobs_num=[0, 20], logprob_start_len=[0, 1]),
