@@ -312,7 +312,8 @@ def check_sglang_flags(argv: list[str]) -> None:
     Raises
     ------
     sglang_rq.config.RQConfigError
-        Naming the flag argparse refused, and for an unknown flag the closest known ones.
+        Naming the flag argparse refused, and for an unknown flag the closest known ones; or a
+        ``--max-total-tokens`` below 1.
     """
     if _has_flag(argv, "--config"):
         return
@@ -323,7 +324,7 @@ def check_sglang_flags(argv: list[str]) -> None:
     parser = _RefusingParser(prog="sglang-rq serve", add_help=False, allow_abbrev=False)
     ServerArgs.add_cli_args(parser)
     try:
-        parser.parse_args(argv)
+        parsed = parser.parse_args(argv)
     except RQConfigError as exc:
         known = [*parser._option_string_actions,
                  *rq_flags_parser(argparse.ArgumentParser(add_help=False))._option_string_actions]
@@ -333,6 +334,11 @@ def check_sglang_flags(argv: list[str]) -> None:
         hint = f"; did you mean {' or '.join(hints)}?" if hints else ""
         raise RQConfigError(f"{exc}{hint} (`sglang-rq serve --help` lists the --rq-* flags, "
                             "`python -m sglang.launch_server --help` SGLang's)") from None
+    if parsed.max_total_tokens is not None and parsed.max_total_tokens < 1:
+        # SGLang 0.5.23 loads the model, then ends with "Not enough memory. Please try to increase
+        # --mem-fraction-static" and a SIGKILL (a new-user review, 12-06)
+        raise RQConfigError(f"--max-total-tokens={parsed.max_total_tokens}: the KV pool needs at "
+                            "least one token; leave it unset to size the pool from memory")
 
 
 def refuse_cpu_tensor_parallel(argv: list[str]) -> None:

@@ -258,6 +258,11 @@ def test_mistyped_flag_is_one_line_with_the_closest_flags():
     with pytest.raises(RQConfigError, match="unrecognized arguments: --json-model-override .*"
                                             "did you mean --json-model-override-args"):
         check_sglang_flags(["--model-path", "x", "--json-model-override", "{}"])
+    # SGLang loaded the model, then died of "Not enough memory" (a new-user review, 12-06)
+    for tokens in ("0", "-5"):
+        with pytest.raises(RQConfigError, match=f"--max-total-tokens={tokens}: the KV pool needs"):
+            check_sglang_flags(["--model-path", "x", "--max-total-tokens", tokens])
+    check_sglang_flags(["--model-path", "x", "--max-total-tokens", "1"])
 
 
 @pytest.mark.parametrize("flag,value", [("--rq-kv-budget-gb", "-1"), ("--rq-kv-budget-gb", "0"),
