@@ -14,7 +14,9 @@ enabled `RQConfig` (set by the launcher) it also installs, on private names of S
 Under the launcher (``SGLANG_RQ_CONFIG`` set, the RQ pool on or off) it also installs
 ``TokenizerManager._validate_one_request`` (AROUND): token ids outside ``[0, vocab_size)`` and
 prompts of no tokens are refused with a 400 (SGLang 0.5.23 checks only ``token_ids_logprob``; an
-out-of-vocabulary ``input_ids``, or ``"text": ""``, on ``/generate`` killed the server),
+out-of-vocabulary ``input_ids``, or ``"text": ""``, on ``/generate`` killed the server), as are
+log-probability requests the scheduler cannot serve and a ``top_k`` of 0 or below -1 at any
+temperature,
 ``GenerateReqInput._handle_parallel_sampling`` (AROUND: an ``n`` that is not an integer in
 ``[1, --rq-max-n]`` is refused with a 400 before the request is copied n times), and
 ``CpuDeviceMixin.empty_cache`` (AFTER: ``malloc_trim(0)``, so ``/flush_cache`` on a CPU server
