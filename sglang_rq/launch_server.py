@@ -313,7 +313,7 @@ def check_sglang_flags(argv: list[str]) -> None:
     ------
     sglang_rq.config.RQConfigError
         Naming the flag argparse refused, and for an unknown flag the closest known ones; or a
-        ``--max-total-tokens`` below 1.
+        ``--max-total-tokens`` at or below zero (`positive_error`).
     """
     if _has_flag(argv, "--config"):
         return
@@ -334,11 +334,10 @@ def check_sglang_flags(argv: list[str]) -> None:
         hint = f"; did you mean {' or '.join(hints)}?" if hints else ""
         raise RQConfigError(f"{exc}{hint} (`sglang-rq serve --help` lists the --rq-* flags, "
                             "`python -m sglang.launch_server --help` SGLang's)") from None
-    if parsed.max_total_tokens is not None and parsed.max_total_tokens < 1:
-        # SGLang 0.5.23 loads the model, then ends with "Not enough memory. Please try to increase
-        # --mem-fraction-static" and a SIGKILL (a new-user review, 12-06)
-        raise RQConfigError(f"--max-total-tokens={parsed.max_total_tokens}: the KV pool needs at "
-                            "least one token; leave it unset to size the pool from memory")
+    # SGLang 0.5.23 loads the model, then ends with "Not enough memory. Please try to increase
+    # --mem-fraction-static" and a SIGKILL (a new-user review, 12-06)
+    if (err := positive_error("--max-total-tokens", parsed.max_total_tokens)) is not None:
+        raise RQConfigError(err)
 
 
 def refuse_cpu_tensor_parallel(argv: list[str]) -> None:
