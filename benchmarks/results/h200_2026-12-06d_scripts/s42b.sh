@@ -6,4 +6,4 @@ export TRITON_CACHE_DIR=/tmp/triton-cache PYTHONUNBUFFERED=1 PYTHONPATH=$PWD XDG
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv,noheader
 timeout ${LIMIT:-420} python3 benchmarks/bench_tc_ab.py --base $D/arms/acqrel.cu --arm chunk=$D/arms/chunk.cu \
   --arm both=$D/arms/both.cu --chained --reps 3 --out $OUT --deadline ${DEADLINE:-330} \
-  --points ouro-1.4b:1x8k,ouro-1.4b:2x16k,ouro-1.4b:4x8k,ouro-1.4b:4x32k,huginn-d96:4x8k,smollm2-gqa:4x8k 2>&1 | tail -45
+  --points ouro-1.4b:1x8192,ouro-1.4b:2x16384,ouro-1.4b:4x8192,ouro-1.4b:4x32768,huginn-d96:4x8192,smollm2-gqa:4x8192 2>&1 | tail -45
