@@ -1,9 +1,0 @@
-#!/usr/bin/env bash
-# Session 42, second A/B: main (acqrel merged) against pf, pf1 and one (make_arms.py), chained, then the step.
-set -uo pipefail
-OUT=${OUT:-/tmp/rq-out}; mkdir -p $OUT; D=benchmarks/results/h200_2026-12-06d_scripts
-export TRITON_CACHE_DIR=/tmp/triton-cache PYTHONUNBUFFERED=1 PYTHONPATH=$PWD XDG_CACHE_HOME=/tmp/xdg
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv,noheader
-timeout ${LIMIT:-420} python3 benchmarks/bench_tc_ab.py --base $D/arms/pf.cu --arm pf1=$D/arms/pf1.cu \
-  --arm one=$D/arms/one.cu --chained --reps 3 --out $OUT --deadline ${DEADLINE:-330} \
-  --points ouro-1.4b:1x8192,ouro-1.4b:2x16384,ouro-1.4b:4x8192,ouro-1.4b:4x32768,huginn-d96:4x8192,smollm2-gqa:4x8192 2>&1 | tail -45
