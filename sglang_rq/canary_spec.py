@@ -39,7 +39,23 @@ class CanarySpec:
 
     @classmethod
     def load(cls, path: str | Path) -> CanarySpec:
-        return cls(**json.loads(Path(path).read_text()))
+        """The spec in the JSON file ``path``.
+
+        Raises
+        ------
+        ValueError
+            Naming ``path``: not readable, not JSON, not an object of the spec's fields, or a
+            spec `__post_init__` refuses (a review got a bare JSONDecodeError or TypeError
+            traceback from a malformed ``--rq-canary-file``, 13 s into start-up).
+        """
+        try:
+            data = json.loads(Path(path).read_text())
+            if not isinstance(data, dict):
+                raise ValueError(f"a JSON object of {', '.join(cls.__dataclass_fields__)} "
+                                 "is expected")
+            return cls(**data)
+        except (OSError, TypeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+            raise ValueError(f"canary spec {path}: {str(exc).removeprefix('canary spec: ')}") from exc
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=1) + "\n")

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import math
+import tempfile
+from pathlib import Path
+
+
+MAX_WAIT_S = 365 * 24 * 3600.0  # a year
 
 
 def positive_error(flag: str, value: float | int | None) -> str | None:
@@ -12,3 +17,36 @@ def positive_error(flag: str, value: float | int | None) -> str | None:
     if value is None or 0 < value < math.inf:
         return None
     return f"{flag}={value} must be > 0 and finite (leave the flag out for its default)"
+
+
+def wait_error(flag: str, value: float | None) -> str | None:
+    """The error for ``flag``'s ``value`` where it is a wait in seconds (a timeout, an
+    interval): `positive_error`'s, or past `MAX_WAIT_S`, or None. Python's timers take at most
+    about 2^63 ns and a deadline is now plus the wait: a review's ``--timeout 1e10`` and
+    ``--timeout-s 1e10`` raised OverflowError after the requests were built."""
+    if (err := positive_error(flag, value)) is not None:
+        return err
+    if value is not None and value > MAX_WAIT_S:
+        return f"{flag}={value} s is longer than a year ({MAX_WAIT_S:g} s)"
+    return None
+
+
+def out_file_error(flag: str, path: Path | None) -> str | None:
+    """The error for ``flag``'s output file ``path`` that cannot be written, or None (also for
+    None): a directory, a parent that is a file, or a directory this process cannot create or
+    write a file in. Creates the missing parent directories, as the writers do. Checked before
+    the work, which a review lost at its end (``calibrate --out`` a directory after the learning,
+    ``tasks --out /proc/x/out.json`` after grading)."""
+    if path is None:
+        return None
+    if path.is_dir():
+        return f"{flag}={path} is a directory; give the file to write"
+    if any(d.exists() and not d.is_dir() for d in path.parents):
+        return f"{flag}={path}: a parent of it is a file"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as exc:
+        return f"{flag}={path}: cannot write under {path.parent} ({exc.strerror or exc})"
+    return None

@@ -130,6 +130,9 @@ class RQConfig:
         if self.unlooped_bits not in UNLOOPED_BITS:
             raise RQConfigError(f"--rq-unlooped-bits={self.unlooped_bits} is not supported; choose "
                                 f"one of {', '.join(map(str, UNLOOPED_BITS))}")
+        if not -2 ** 63 <= self.rotation_seed < 2 ** 64:  # torch.Generator.manual_seed's range
+            raise RQConfigError(f"--rq-rotation-seed={self.rotation_seed} must be in "
+                                "-2^63 .. 2^64 - 1")
 
     # ------------------------------------------------------------------ derived
     def bits_for_loops(self, num_loops: int) -> tuple[int, ...]:

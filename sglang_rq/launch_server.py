@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
-import math
 import os
 import sys
 from pathlib import Path
 
 from sglang_rq import env
-from sglang_rq.cli_values import positive_error
+from sglang_rq.cli_values import MAX_WAIT_S, positive_error
+from sglang_rq.canary_spec import CanarySpec
 from sglang_rq.config import RQConfig, RQConfigError, add_cli_args
 from sglang_rq.layout import HUGINN_MODEL_TYPE, ModelKVShape
 from sglang_rq.models.embedded import EMBEDDED_MODEL
@@ -144,16 +144,23 @@ def check_serving_values(ours: argparse.Namespace) -> None:
                           else (env.RQ_CANARY_INTERVAL_S.get(), env.RQ_CANARY_INTERVAL_S.name))
     except ValueError as exc:
         raise RQConfigError(str(exc)) from exc
-    if not MIN_CANARY_INTERVAL_S <= interval < math.inf:
+    if not MIN_CANARY_INTERVAL_S <= interval <= MAX_WAIT_S:
         raise RQConfigError(f"{name}={interval} must be at least {MIN_CANARY_INTERVAL_S:g} s and "
-                            "finite (each check is a request to this worker; leave it out for "
-                            f"the default {env.RQ_CANARY_INTERVAL_S.default:g} s)")
+                            f"at most a year ({MAX_WAIT_S:g} s; each check is a request to this "
+                            "worker; leave it out for the default "
+                            f"{env.RQ_CANARY_INTERVAL_S.default:g} s)")
     canary_file, name = ((ours.rq_canary_file, "--rq-canary-file") if ours.rq_canary_file
                          else (env.RQ_CANARY_FILE.get(), env.RQ_CANARY_FILE.name))
     if canary_file and not os.path.isfile(canary_file):
-        raise RQConfigError(f"{name}={canary_file}: no such file (give a "
-                            "recorded canary spec, or leave the flag out for "
+        raise RQConfigError(f"{name}={canary_file}: "
+                            f"{'not a file' if os.path.exists(canary_file) else 'no such file'} "
+                            "(give a recorded canary spec, or leave the flag out for "
                             "<model-path>/canary.json)")
+    if canary_file:
+        try:
+            CanarySpec.load(canary_file)
+        except ValueError as exc:
+            raise RQConfigError(f"{name}: {exc}") from exc
     if ours.rq_kv_budget_gb is not None:
         total, where = _memory_bytes()
         if ours.rq_kv_budget_gb * 2**30 > total:
@@ -489,6 +496,12 @@ def prepare_environment(argv: list[str]) -> list[str]:
     return rest
 
 
+# Huginn's recurrences per token: 32x the published model's mean_recurrence of 32. Each is a
+# loop with its own KV slot, and the pool's slot tables are built per loop before the model
+# loads: a review's 10^8 grew memory for minutes at start-up (10^6 took 2.7 s and 236 MiB).
+MAX_RECURRENCES = 1024
+
+
 def with_recurrences(argv: list[str], recurrences: int) -> list[str]:
     """SGLang ``argv`` whose ``--json-model-override-args`` sets Huginn's ``mean_recurrence``
     (the number of KV slots SGLang allocates follows it: `layout.ModelKVShape.num_slots`).
@@ -496,11 +509,11 @@ def with_recurrences(argv: list[str], recurrences: int) -> list[str]:
     Raises
     ------
     sglang_rq.config.RQConfigError
-        For a count below 1, a local model whose ``config.json`` is not a Huginn model, or a
+        For a count outside 1 .. `MAX_RECURRENCES`, a local model whose ``config.json`` is not a Huginn model, or a
         ``--json-model-override-args`` that sets another ``mean_recurrence``.
     """
-    if recurrences < 1:
-        raise RQConfigError(f"--rq-recurrences={recurrences} must be >= 1")
+    if not 1 <= recurrences <= MAX_RECURRENCES:
+        raise RQConfigError(f"--rq-recurrences={recurrences} must be in 1 .. {MAX_RECURRENCES}")
     model = _flag_value(argv, "--model-path", "--model")
     hf = _local_model_config(model)
     if hf is not None and hf.get("model_type") != HUGINN_MODEL_TYPE:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import requests
 
-from sglang_rq.cli_values import positive_error
+from sglang_rq.cli_values import wait_error
 
 
 class ScoringError(RuntimeError):
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--input-ids-file={args.input_ids_file}: {exc}")
     if isinstance(raw, dict) and "input_ids" not in raw:
         p.error(f"--input-ids-file={args.input_ids_file}: an object needs 'input_ids'")
-    if (err := positive_error("--timeout", args.timeout)) is not None:
+    if (err := wait_error("--timeout", args.timeout)) is not None:
         p.error(err)
     if not 0 <= args.temperature < float("inf"):
         p.error(f"--temperature={args.temperature} must be >= 0 and finite")

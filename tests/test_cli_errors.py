@@ -48,6 +48,37 @@ def test_score_timeout_must_be_positive(tmp_path):
     assert r.returncode == 2 and "--timeout=nan must be > 0 and finite" in r.stderr
 
 
+def test_waits_past_a_year_are_refused(tmp_path):
+    """A seventh new-user review (session 42): ``--timeout 1e10`` and ``--timeout-s 1e10`` raised
+    OverflowError tracebacks from the socket and the task pool, the latter after the model had
+    answered."""
+    (tmp_path / "ids.json").write_text("[1, 2, 3]")
+    r = _cli("score", "--input-ids-file", str(tmp_path / "ids.json"), "--timeout", "1e10")
+    assert r.returncode == 2 and "--timeout=10000000000.0 s is longer than a year" in r.stderr
+    r = _cli("tasks", "--url", "http://127.0.0.1:9", "--task", "gsm8k", "--timeout-s", "1e10")
+    assert r.returncode == 2 and "--timeout-s=10000000000.0 s is longer than a year" in r.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--out", "{tmp}/d.safetensors"], "--out={tmp}/d.safetensors is a directory"),
+    (["--out", "/proc/sglang-rq-test/r.safetensors"],
+     "--out=/proc/sglang-rq-test/r.safetensors: cannot write under /proc/sglang-rq-test"),
+    (["--lr", "nan"], "--lr=nan must be > 0 and finite"),
+    (["--seed", str(2 ** 64)], f"--seed={2 ** 64} must be in -2^63 .. 2^64 - 1"),
+    (["--rq-rotation-seed", str(2 ** 64)], f"--rq-rotation-seed={2 ** 64} must be in"),
+    (["--rq-disable"], "--rq-disable: calibrate learns the rotations of the RQ cache"),
+    (["--rq-loop-bits", "2,2"], "--rq-loop-bits gives 2 widths but the model runs 4 loops")])
+def test_calibrate_refuses_before_the_capture(tmp_path, args, needle):
+    """A seventh new-user review (session 42): each of these failed with a traceback only after
+    the model load and the capture, or after the learning (the output path, which lost it)."""
+    (tmp_path / "d.safetensors").mkdir()
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    out = [] if args[0] == "--out" else ["--out", str(tmp_path / "r.safetensors")]
+    r = _cli("calibrate", *out, *args)
+    assert r.returncode == 2 and needle.replace("{tmp}", str(tmp_path)) in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--model-path", "/nonexistent"], "--model-path=/nonexistent: no config.json there"),
     (["--formats", "rotation=/nonexistent.safetensors"],
@@ -81,6 +112,10 @@ def test_out_paths_refused_before_the_run(tmp_path):
     assert r.returncode == 2 and f"--out={afile / 'res.json'}: a parent of it is a file" in r.stderr
     r = _cli("eval", "--out", str(afile))
     assert r.returncode == 2 and f"--out={afile} is a file" in r.stderr
+    # a parent that cannot be made (session 42's review: after grading, a traceback)
+    r = _cli("tasks", "--url", "http://127.0.0.1:9", "--task", "gsm8k", "--out",
+             "/proc/sglang-rq-test/out.json")
+    assert r.returncode == 2 and "cannot write under /proc/sglang-rq-test" in r.stderr
 
 
 @pytest.mark.parametrize("field,value,needle", [

@@ -284,21 +284,22 @@ def test_serving_values_below_one_are_refused(clean_env, flag, value):
         prepare_environment([flag, value])
 
 
-@pytest.mark.parametrize("value", ["-5", "0", "0.5", "1e-9", "nan", "inf"])
+@pytest.mark.parametrize("value", ["-5", "0", "0.5", "1e-9", "nan", "inf", "1e10"])
 @pytest.mark.parametrize("by_env", [False, True])
 def test_canary_interval_below_a_second_or_not_finite_is_refused(clean_env, monkeypatch, value,
                                                                   by_env):
     """A new-user review (session 38): ``--rq-canary-interval-s nan`` passed a ``<= 0`` test and
     the canary sent ~125 requests a second; the fix's second review found the same through
     ``SGLANG_RQ_CANARY_INTERVAL_S=nan`` (unchecked: /rq/ready then a 500, and SIGTERM never
-    drained) and through 1e-9 (back-to-back checks)."""
+    drained) and through 1e-9 (back-to-back checks). A seventh review (session 42): 1e10 passed,
+    past what the canary thread's ``Event.wait`` takes (OverflowError)."""
     from sglang_rq.config import RQConfigError
 
     name = "SGLANG_RQ_CANARY_INTERVAL_S" if by_env else "--rq-canary-interval-s"
     if by_env:
         monkeypatch.setenv(name, value)
     with pytest.raises(RQConfigError, match=rf"{name}={float(value)} must be at least 1 s and "
-                                            "finite"):
+                                            "at most a year"):
         prepare_environment([] if by_env else [name, value])
 
 
@@ -313,9 +314,29 @@ def test_missing_canary_file_is_refused(clean_env, tmp_path):
     os.environ["SGLANG_RQ_CANARY_FILE"] = str(missing)  # the variable, as k8s would set it
     with pytest.raises(RQConfigError, match=f"SGLANG_RQ_CANARY_FILE={missing}: no such file"):
         prepare_environment([])
+    with pytest.raises(RQConfigError, match=f"--rq-canary-file={tmp_path}: not a file"):
+        prepare_environment(["--rq-canary-file", str(tmp_path)])
     spec = tmp_path / "canary.json"
-    spec.write_text("{}")
-    prepare_environment(["--rq-canary-file", str(spec)])  # exists: its contents are checked later
+    spec.write_text('{"input_ids": [1, 2]}')
+    prepare_environment(["--rq-canary-file", str(spec)])
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("", "Expecting value"), ("[1, 2]", "a JSON object of input_ids"),
+    ('{"prompt": "x"}', "missing 1 required positional argument: 'input_ids'"),
+    ('{"input_ids": []}', "input_ids is empty"), ('{"input_ids": [1], "ids": 2}', "'ids'")])
+def test_malformed_canary_file_is_refused_before_the_model_loads(clean_env, tmp_path, content,
+                                                                 needle):
+    """A seventh new-user review (session 42): an empty file, one without ``input_ids`` or with an
+    empty list passed the start-up check (it only tested that the file exists) and failed 13 s
+    later with a JSONDecodeError or TypeError traceback that named neither file nor flag."""
+    from sglang_rq.config import RQConfigError
+
+    spec = tmp_path / "canary.json"
+    spec.write_text(content)
+    with pytest.raises(RQConfigError, match=f"--rq-canary-file: canary spec {spec}: .*") as err:
+        prepare_environment(["--rq-canary-file", str(spec)])
+    assert needle in str(err.value)
 
 
 def test_unreadable_or_non_finite_rotation_is_refused(tmp_path):
@@ -492,6 +513,23 @@ def test_a_list_of_sampling_params_must_match_the_prompts(clean_env, text, param
     with pytest.raises(ValueError, match=rf"sampling_params is a list of {len(params)} for "
                                          rf"{1 if isinstance(text, str) else len(text)} prompt"):
         _handled(GenerateReqInput(text=text, sampling_params=params))
+
+
+def test_recurrences_past_the_ceiling_are_refused():
+    """A seventh new-user review (session 42): ``--rq-recurrences 100000000`` grew memory for
+    minutes while the pool's slot tables were built (no upper bound)."""
+    from pathlib import Path
+
+    from sglang_rq.config import RQConfigError
+    from sglang_rq.launch_server import MAX_RECURRENCES, with_recurrences
+    from sglang_rq.models.embedded import EMBEDDED_MODEL
+
+    huginn = str(Path(EMBEDDED_MODEL).parent / "mini-huginn")
+    with pytest.raises(RQConfigError, match=f"--rq-recurrences=100000000 must be in 1 .. "
+                                            f"{MAX_RECURRENCES}"):
+        with_recurrences(["--model-path", huginn], 100_000_000)
+    assert "mean_recurrence" in " ".join(with_recurrences(["--model-path", huginn],
+                                                          MAX_RECURRENCES))
 
 
 def test_recurrences_and_an_override_that_disagree_are_refused():

@@ -77,6 +77,8 @@ def test_staging_and_budget_arithmetic():
     ({"anchor": "middle"}, "--rq-anchor"),
     ({"rotation": "qr"}, "--rq-rotation"),
     ({"loop_bits": (2, 7)}, "--rq-loop-bits"),
+    ({"rotation_seed": 2 ** 64}, "--rq-rotation-seed"),  # past torch's seeds: a traceback after load
+    ({"rotation_seed": -2 ** 63 - 1}, "--rq-rotation-seed"),
 ])
 def test_invalid_config_names_the_flag(kwargs, flag):
     with pytest.raises(RQConfigError, match=flag):

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import torch
 
-from sglang_rq.config import RQConfig, add_cli_args
-from sglang_rq.layout import kv_slot
+from sglang_rq.cli_values import out_file_error, positive_error
+from sglang_rq.config import RQConfig, RQConfigError, add_cli_args
+from sglang_rq.layout import ModelKVShape, kv_slot
 from sglang_rq.models.ouro_config import OURO_MODEL_TYPE
 
 
@@ -51,6 +52,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--out={a.out} must end in .safetensors (the server's --rq-rotation loads it)")
     if a.windows < 2 or a.window_tokens < 8 or a.steps < 0:
         p.error("--windows >= 2, --window-tokens >= 8 and --steps >= 0 are required")
+    # what failed only after the capture and the learning (a review): the output path, the
+    # optimizer's and torch's seeds, a format that has no rotation to learn or bad loop bits
+    if (err := out_file_error("--out", a.out) or positive_error("--lr", a.lr)) is not None:
+        p.error(err)
+    if not -2 ** 63 <= a.seed < 2 ** 64:  # torch.manual_seed's range
+        p.error(f"--seed={a.seed} must be in -2^63 .. 2^64 - 1")
+    if a.rq_disable:
+        p.error("--rq-disable: calibrate learns the rotations of the RQ cache; leave it out")
     cfg_path = Path(a.model_path) / "config.json"
     try:
         model_type = json.loads(cfg_path.read_text()).get("model_type")
@@ -59,6 +68,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if model_type != OURO_MODEL_TYPE:  # the capture runs the PyTorch Ouro reference
         p.error(f"--model-path={a.model_path}: model_type {model_type!r}; calibrate captures K/V "
                 f"with the Ouro reference and supports only {OURO_MODEL_TYPE!r} checkpoints")
+    try:
+        RQConfig.from_args(a).bits_for_loops(ModelKVShape.from_hf_config(cfg_path).num_loops)
+    except RQConfigError as exc:
+        p.error(str(exc))
     try:
         a.data_dir = resolve_data_dir(a.data_dir)
     except FileNotFoundError as exc:

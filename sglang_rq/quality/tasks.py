@@ -34,7 +34,7 @@ from pathlib import Path
 
 import requests
 
-from sglang_rq.cli_values import positive_error
+from sglang_rq.cli_values import out_file_error, wait_error
 
 TASKS = ("gsm8k", "math500", "humaneval", "mbpp", "arc_easy")
 _NUM = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -264,12 +264,10 @@ def main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     if a.limit < 1 or a.concurrency < 1 or a.max_tokens < 1:
         p.error("--limit, --concurrency and --max-tokens must be >= 1")
-    if (err := positive_error("--timeout-s", a.timeout_s)) is not None:
+    if (err := wait_error("--timeout-s", a.timeout_s)) is not None:
         p.error(err)
-    if a.out is not None and a.out.is_dir():
-        p.error(f"--out={a.out} is a directory; give the JSON file to write")
-    if a.out is not None and any(d.exists() and not d.is_dir() for d in a.out.parents):
-        p.error(f"--out={a.out}: a parent of it is a file")
+    if (err := out_file_error("--out", a.out)) is not None:
+        p.error(err)
     try:
         a.data_dir = resolve_data_dir(a.data_dir)
         rows = load_problems(a.task, a.data_dir, a.limit)
