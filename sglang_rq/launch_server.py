@@ -258,7 +258,27 @@ def _local_model_shape(model_path: str | None, overrides: dict | None,
 def _local_shape(argv: list[str]) -> ModelKVShape | None:
     """`_local_model_shape` of the model, overrides and ``--tp-size`` that ``argv`` gives."""
     return _local_model_shape(_flag_value(argv, "--model-path", "--model"), _argv_overrides(argv),
-                              int(_flag_value(argv, "--tp-size", "--tp") or 1))
+                              _tp_size(argv))
+
+
+def _tp_size(argv: list[str]) -> int:
+    """The tensor-parallel size ``argv`` gives (``--tp-size``, ``--tensor-parallel-size`` or
+    ``--tp``; 1 where none).
+
+    Raises
+    ------
+    sglang_rq.config.RQConfigError
+        For a value that is not an integer >= 1 (a review's ``--tp-size abc`` and ``2.5`` were
+        ValueError tracebacks from a bare ``int()``, before SGLang's own parser named the flag).
+    """
+    tp = _flag_value(argv, "--tp-size", "--tensor-parallel-size", "--tp")
+    try:
+        size = int(tp or 1)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise RQConfigError(f"--tp-size={tp} must be an integer >= 1")
+    return size
 
 
 def _flag_value(argv: list[str], *flags: str) -> str | None:
@@ -360,8 +380,8 @@ def refuse_cpu_tensor_parallel(argv: list[str]) -> None:
     sglang_rq.config.RQConfigError
         When ``--tp-size``/``--tensor-parallel-size`` is above 1.
     """
-    tp = _flag_value(argv, "--tp-size", "--tensor-parallel-size")
-    if tp is not None and int(tp) > 1:
+    tp = _tp_size(argv)
+    if tp > 1:
         raise RQConfigError(
             f"--tp-size {tp} is not supported on the CPU engine (no CUDA device found): SGLang "
             "0.5.23's CPU tensor parallelism needs one NUMA node per rank and a CUDA "
@@ -414,8 +434,7 @@ def prepare_portable_cuda(argv: list[str]) -> list[str]:
     # NOTE: SGLang's (breakable) prefill CUDA graphs call sgl_kernel.weak_ref_tensor, a compiled
     # op; decode graphs do not (measured on the H200, BF16 arm)
     argv = _without_prefill_graphs(argv)
-    tp = _flag_value(argv, "--tp-size", "--tensor-parallel-size")
-    if tp is not None and int(tp) > 1 and not _has_flag(argv, "--disable-custom-all-reduce"):
+    if _tp_size(argv) > 1 and not _has_flag(argv, "--disable-custom-all-reduce"):
         argv = argv + ["--disable-custom-all-reduce"]  # custom all-reduce is a compiled kernel
     import sgl_kernel  # the stand-in now
 

@@ -569,3 +569,14 @@ def test_the_launcher_reads_a_repeated_flag_as_argparse_does():
     assert _flag_value(argv, "--model-path", "--model") == "b"
     assert _flag_value(argv, "--tp-size") == "4"
     assert _flag_value(argv, "--port") is None
+
+
+@pytest.mark.parametrize("argv", [["--tp-size", "abc"], ["--tp-size", "2.5"], ["--tp=abc"],
+                                  ["--tensor-parallel-size", "0"]])
+def test_a_tensor_parallel_size_that_is_no_count_is_named(clean_env, argv):
+    """A seventh new-user review (session 42): ``--tp-size abc`` and ``2.5`` were ValueError
+    tracebacks from a bare ``int()`` in this package, before SGLang's parser named the flag."""
+    from sglang_rq.config import RQConfigError
+
+    with pytest.raises(RQConfigError, match=r"--tp-size=\S+ must be an integer >= 1"):
+        prepare_environment(argv)
