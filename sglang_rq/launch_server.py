@@ -590,31 +590,39 @@ def validate_against_model(cfg: RQConfig, model_path: str, *, tp_size: int = 1,
 
 
 def check_kv_budget(cfg: RQConfig, server_args) -> None:
-    """Refuse a ``--rq-kv-budget-gb`` that leaves no token slot once the pool's fixed bytes
-    (the staging buffer for one forward's tokens and the rotation matrices,
-    `layout.tokens_in_budget`) are taken from it: SGLang would load the weights and then stop
-    with its own advice to raise ``--mem-fraction-static``. Local models only (a hub id's shape
-    is known only when the pool is built).
+    """Refuse pool fixed bytes (the staging buffer for one forward's tokens and the rotation
+    matrices, `layout.fixed_bytes`) past this machine's memory, and a ``--rq-kv-budget-gb`` that
+    leaves no token slot once they are taken from it (`layout.tokens_in_budget`): SGLang would
+    load the weights and then stop with its own advice to raise ``--mem-fraction-static``. Local
+    models only (a hub id's shape is known only when the pool is built).
 
     Raises
     ------
     sglang_rq.config.RQConfigError
-        Naming the flag, the fixed bytes and the least budget that holds one page.
+        Naming the flag, the fixed bytes and the memory, or the least budget that holds one
+        page.
     """
     budget_gb = env.RQ_KV_BUDGET_GB.get()
     hf = _local_model_config(server_args.model_path,
                              json.loads(server_args.json_model_override_args or "{}"))
-    if not cfg.enabled or not budget_gb or budget_gb <= 0 or hf is None:
+    if not cfg.enabled or hf is None:
         return
     from sglang_rq import layout
     from sglang_rq.plugin import staging_tokens_for
 
     shape = layout.ModelKVShape.from_hf_config(hf, tp_size=server_args.tp_size)
     staging = staging_tokens_for(server_args)
+    fixed = layout.fixed_bytes(shape, cfg, staging_tokens=staging)
+    total, where = _memory_bytes()
+    if fixed > total:  # a review's --rq-staging-tokens 10^11
+        raise RQConfigError(f"the pool's fixed bytes ({fixed / 2**30:.1f} GiB: staging for {staging} "
+                            f"tokens per forward, --rq-staging-tokens, and rotations) exceed "
+                            f"{where}'s {total / 2**30:.1f} GiB")
+    if not budget_gb or budget_gb <= 0:
+        return
     page = max(1, server_args.page_size or 1)
     if layout.tokens_in_budget(shape, cfg, budget_bytes=int(budget_gb * 2**30),
                                staging_tokens=staging) < page:
-        fixed = layout.fixed_bytes(shape, cfg, staging_tokens=staging)
         least = fixed + page * layout.kv_bytes_per_token(shape, cfg)
         raise RQConfigError(
             f"--rq-kv-budget-gb={budget_gb} leaves no token slot: the pool's fixed bytes take "

@@ -150,6 +150,21 @@ def test_budget_below_the_fixed_bytes_is_refused_before_weights_load():
     assert "Traceback" not in r.stderr
 
 
+def test_staging_past_the_machine_memory_is_refused_before_weights_load():
+    """A seventh new-user review (session 42): ``--rq-staging-tokens 100000000000`` loaded the
+    weights, then SGLang stopped with its advice to raise --mem-fraction-static (exit 137). A
+    staging buffer of 10^11 BF16 tokens is far past any host's memory."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "sglang_rq.launch_server", "--rq-staging-tokens",
+                        "100000000000", "--port", "1", *CPU_SIZES], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert re.search(r"error: the pool's fixed bytes \([0-9.]+ GiB: staging for 100000000000 "
+                     r"tokens per forward, --rq-staging-tokens, and rotations\) exceed", r.stderr)
+    assert "Traceback" not in r.stderr
+
+
 def test_missing_local_model_path_is_refused_before_sglang(clean_env, tmp_path):
     """Found by a fresh-clone check: ``--model-path /nonexistent/model`` reached transformers,
     which printed a misleading canary line and four chained tracebacks."""
