@@ -339,8 +339,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--with-model", action="store_true",
                    help="Include the embedded mini-Ouro assets (38 MB uncompressed).")
     args = p.parse_args(argv)
-    m = build(args.out, python=args.python, platforms=tuple(args.platform or DEFAULT_PLATFORMS),
-              host_freeze=args.host_freeze, with_model=args.with_model)
+    # a review (session 42) got tracebacks for each of these, pip's usage text for --python abc
+    if not re.fullmatch(r"3\.\d+", args.python):
+        p.error(f"--python={args.python} must be a Python version such as 3.12")
+    if args.out.exists() and not args.out.is_dir():
+        p.error(f"--out={args.out} is a file; give the directory to write the bundle in")
+    if any(d.exists() and not d.is_dir() for d in args.out.parents):
+        p.error(f"--out={args.out}: a parent of it is a file")
+    if args.host_freeze is not None:
+        try:
+            args.host_freeze.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            p.error(f"--host-freeze={args.host_freeze}: cannot read it as a `pip freeze` text "
+                    f"({exc})")
+    try:
+        m = build(args.out, python=args.python, platforms=tuple(args.platform or DEFAULT_PLATFORMS),
+                  host_freeze=args.host_freeze, with_model=args.with_model)
+    except subprocess.CalledProcessError as exc:  # pip printed why above
+        print(f"error: {' '.join(map(str, exc.cmd))} failed (exit {exc.returncode}); see pip's "
+              "output above (--platform tags and --python pick the wheels)", file=sys.stderr)
+        return 1
     mb = m["tar_xz_bytes"] / 1e6
     print(f"{args.out / m['bundle']}: {mb:.1f} MB ({len(m['distributions'])} distributions, "
           f"{m['wheels_bytes'] / 1e6:.1f} MB as wheels, "

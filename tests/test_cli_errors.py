@@ -146,3 +146,24 @@ def test_doctor_unpack_of_a_file_that_is_no_bundle(tmp_path):
     r = subprocess.run([sys.executable, "-m", "sglang_rq.doctor", "--unpack", str(fake), "--site",
                         str(fake / "site")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and f"--site {fake / 'site'}: cannot be a directory" in r.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--host-freeze", "{tmp}/missing.txt"], "--host-freeze={tmp}/missing.txt: cannot read it"),
+    (["--host-freeze", "{tmp}"], "--host-freeze={tmp}: cannot read it"),
+    (["--host-freeze", "{tmp}/binary.txt"], "--host-freeze={tmp}/binary.txt: cannot read it"),
+    (["--python", "abc"], "--python=abc must be a Python version such as 3.12")])
+def test_bundle_refuses_before_pip(tmp_path, args, needle):
+    """A seventh new-user review (session 42): tracebacks for each, and for ``--python abc``
+    pip's usage text and a CalledProcessError, leaving an empty --out directory."""
+    (tmp_path / "binary.txt").write_bytes(b"\x00\xff\xfe")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    out = tmp_path / "bundle"
+    r = _cli("bundle", "--out", str(out), *(a.replace("{tmp}", str(tmp_path)) for a in args))
+    assert r.returncode == 2 and needle.replace("{tmp}", str(tmp_path)) in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not out.exists()
+    for bad, said in ((afile, f"--out={afile} is a file"),
+                      (afile / "b", f"--out={afile / 'b'}: a parent of it is a file")):
+        r = _cli("bundle", "--out", str(bad))
+        assert r.returncode == 2 and said in r.stderr, r.stderr
