@@ -84,3 +84,25 @@ def test_mbpp_prompt_is_three_shot():
 def test_unknown_task_names_flag():
     with pytest.raises(ValueError, match="--task"):
         tasks.load_problems("mmlu", DATA_DIR, 1)
+
+
+@pytest.mark.parametrize("task,content,needle", [
+    ("humaneval", b"garbage", "cannot read it (Not a gzipped file"),
+    ("gsm8k", b"\xff\xfe", "cannot read it ('utf-8' codec can't decode"),
+    ("gsm8k", b"nope\n", "line 1: not JSON"),
+    ("mbpp", b'{"text": "x"}\n', "line 1: a JSON object with task_id, text, code, test_list is "
+                                 "expected (no task_id, code, test_list)"),
+    ("arc_easy", b'{"question": {}, "answerKey": "A"}\n[1, 2]\n',
+     "line 2: a JSON object with question, answerKey is expected")])
+def test_malformed_data_files_name_the_file_and_flag(tmp_path, task, content, needle):
+    """A seventh new-user review (session 42): a corrupt HumanEval .gz, an MBPP row without
+    task_id and ARC rows that are lists were BadGzipFile, KeyError and TypeError tracebacks;
+    non-JSON or non-UTF-8 files named neither the file nor --data-dir."""
+    rel = {"humaneval": "humaneval/HumanEval.jsonl.gz", "gsm8k": "gsm8k/test.jsonl",
+           "mbpp": "mbpp/mbpp.jsonl", "arc_easy": "arc_easy/test.jsonl"}[task]
+    path = tmp_path / rel
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as err:
+        tasks.load_problems(task, tmp_path, 10)
+    assert str(err.value).startswith(f"--data-dir={tmp_path}: {path}") and needle in str(err.value)

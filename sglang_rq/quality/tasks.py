@@ -139,7 +139,9 @@ def load_problems(task: str, data_dir: Path, limit: int) -> list[dict]:
     Raises
     ------
     ValueError
-        Unknown task (flag ``--task``).
+        Unknown task (flag ``--task``), or a data file that is not gzip (HumanEval), UTF-8
+        JSON lines, or whose rows lack the fields the grader reads (naming the file and
+        ``--data-dir``; a review got BadGzipFile, KeyError and TypeError tracebacks).
     FileNotFoundError
         Missing data file (flag ``--data-dir``).
     """
@@ -151,11 +153,40 @@ def load_problems(task: str, data_dir: Path, limit: int) -> list[dict]:
     path = data_dir / files[task]
     if not path.exists():
         raise FileNotFoundError(f"--data-dir={data_dir}: {path} not found")
-    raw = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-    rows = [json.loads(line) for line in raw.splitlines() if line.strip()]
-    if task == "mbpp":
-        rows = [r for r in rows if 11 <= r["task_id"] <= 510]
+    rows = _json_rows(path, data_dir, FIELDS[task])
+    if task == "mbpp":  # the test split
+        rows = [r for r in rows if isinstance(r["task_id"], int) and 11 <= r["task_id"] <= 510]
     return rows[:limit]
+
+
+# the fields `grade` and `_mbpp_prompt` read from each task's rows
+FIELDS = {"gsm8k": ("question", "answer"), "math500": ("problem", "answer"),
+          "arc_easy": ("question", "answerKey"), "humaneval": ("prompt", "test", "entry_point"),
+          "mbpp": ("task_id", "text", "code", "test_list")}
+
+
+def _json_rows(path: Path, data_dir: Path, fields: tuple[str, ...]) -> list[dict]:
+    """The JSON objects of the (gzip'd, for a ``.gz``) JSON-lines file ``path``, each holding
+    ``fields``. Raises ValueError naming the file, its line and ``--data-dir``."""
+    try:
+        raw = (gzip.decompress(path.read_bytes()) if path.suffix == ".gz"
+               else path.read_bytes()).decode("utf-8")
+    except (OSError, EOFError, UnicodeDecodeError) as exc:  # BadGzipFile is an OSError
+        raise ValueError(f"--data-dir={data_dir}: {path}: cannot read it ({exc})") from exc
+    rows = []
+    for n, line in enumerate(raw.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise ValueError(f"--data-dir={data_dir}: {path} line {n}: not JSON ({exc})") from exc
+        missing = [f for f in fields if f not in row] if isinstance(row, dict) else list(fields)
+        if missing:
+            raise ValueError(f"--data-dir={data_dir}: {path} line {n}: a JSON object with "
+                             f"{', '.join(fields)} is expected (no {', '.join(missing)})")
+        rows.append(row)
+    return rows
 
 
 def _mbpp_prompt(row: dict, shots: list[dict]) -> str:
@@ -271,7 +302,7 @@ def main(argv: list[str]) -> int:
     try:
         a.data_dir = resolve_data_dir(a.data_dir)
         rows = load_problems(a.task, a.data_dir, a.limit)
-        shots = ([r for r in (json.loads(x) for x in (a.data_dir / "mbpp/mbpp.jsonl").read_text().splitlines())
+        shots = ([r for r in _json_rows(a.data_dir / "mbpp/mbpp.jsonl", a.data_dir, FIELDS["mbpp"])
                   if r["task_id"] in (2, 3, 4)] if a.task == "mbpp" else [])
         client = Client(a.url, a.model, a.max_tokens)
     except (ValueError, FileNotFoundError, requests.RequestException, ServerError) as exc:
