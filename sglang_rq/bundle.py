@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from sglang_rq.cli_values import out_dir_error
+
 SGLANG_PIN = "sglang==0.5.23"
 DEFAULT_PLATFORMS = tuple(f"{tag}_x86_64" for tag in (
     "manylinux_2_34", "manylinux_2_28", "manylinux_2_27", "manylinux_2_17", "manylinux2014",
@@ -342,10 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     # a review (session 42) got tracebacks for each of these, pip's usage text for --python abc
     if not re.fullmatch(r"3\.\d+", args.python):
         p.error(f"--python={args.python} must be a Python version such as 3.12")
-    if args.out.exists() and not args.out.is_dir():
-        p.error(f"--out={args.out} is a file; give the directory to write the bundle in")
-    if any(d.exists() and not d.is_dir() for d in args.out.parents):
-        p.error(f"--out={args.out}: a parent of it is a file")
+    if (err := out_dir_error("--out", args.out)) is not None:
+        p.error(err)
     if args.host_freeze is not None:
         try:
             args.host_freeze.read_text(encoding="utf-8")

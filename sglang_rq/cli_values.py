@@ -50,3 +50,13 @@ def out_file_error(flag: str, path: Path | None) -> str | None:
     except OSError as exc:
         return f"{flag}={path}: cannot write under {path.parent} ({exc.strerror or exc})"
     return None
+
+
+def out_dir_error(flag: str, path: Path) -> str | None:
+    """The error for ``flag``'s output directory ``path`` that cannot be one (a file, or a parent
+    that is a file), or None."""
+    if path.exists() and not path.is_dir():
+        return f"{flag}={path} is a file; give the directory to write to"
+    if any(d.exists() and not d.is_dir() for d in path.parents):
+        return f"{flag}={path}: a parent of it is a file"
+    return None

@@ -83,6 +83,13 @@ def test_calibrate_refuses_before_the_capture(tmp_path, args, needle):
     (["--model-path", "/nonexistent"], "--model-path=/nonexistent: no config.json there"),
     (["--formats", "rotation=/nonexistent.safetensors"],
      "--formats rotation=/nonexistent.safetensors: no such file"),
+    # a seventh new-user review (session 42): tracebacks (IndexError, FileNotFoundError, shlex's
+    # ValueError after 13 s), a BF16-only run that exited 0, a 400 after a whole server run
+    (["--datasets", ","], "--datasets=',' names none"),
+    (["--data-dir", "/"], "--data-dir=/: /literature/jane.austen.pride.and.prejudice.txt not found"),
+    (["--server-args", "'--foo"], "--server-args=\"'--foo\": No closing quotation"),
+    (["--formats", ""], "--formats is empty"),
+    (["--gen-prompts", "0"], "--gen-prompts must be >= 1"),
 ])
 def test_eval_refuses_before_serving(tmp_path, args, needle):
     r = _cli("eval", "--out", str(tmp_path / "o"), *args)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import requests
 
+from sglang_rq.cli_values import out_dir_error
 from sglang_rq.quality import data, ladder, metrics
 
 
@@ -57,14 +58,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "and report the BF16 server's perplexity against it.")
     p.add_argument("--out", type=Path, default=Path("eval-results"))
     a = p.parse_args(argv)
-    for name in ("docs", "doc_tokens", "chunk", "top_k", "gen_tokens", "gen_prompt_tokens"):
+    for name in ("docs", "doc_tokens", "chunk", "top_k", "gen_prompts", "gen_tokens",
+                 "gen_prompt_tokens"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if a.doc_tokens <= a.chunk + 1:
         p.error(f"--doc-tokens={a.doc_tokens} must exceed --chunk={a.chunk} + 1 (positions after "
                 "the first chunk are the ones scored)")
-    if a.out.exists() and not a.out.is_dir():
-        p.error(f"--out={a.out} is a file; give the directory to write the results to")
+    if (err := out_dir_error("--out", a.out)) is not None:
+        p.error(err)
+    try:  # the servers' argv (a review's "'--foo" failed after 13 s of tokenizing)
+        shlex.split(a.server_args)
+    except ValueError as exc:
+        p.error(f"--server-args={a.server_args!r}: {exc}")
+    if not a.formats.strip():
+        p.error("--formats is empty; name the formats to compare with BF16 (default: ladder)")
     if not (Path(a.model_path) / "config.json").is_file():
         p.error(f"--model-path={a.model_path}: no config.json there (give a local checkpoint "
                 "directory)")
@@ -74,12 +82,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             if name.startswith("rotation=") and not Path(name.split("=", 1)[1]).is_file():
                 raise ValueError(f"--formats {name}: no such file")
         a.dataset_names = [d.strip() for d in a.datasets.split(",") if d.strip()]
+        if not a.dataset_names:
+            raise ValueError(f"--datasets={a.datasets!r} names none; choose from "
+                             f"{', '.join(data.DATASETS)}")
         for d in a.dataset_names:
             if d not in data.DATASETS:
                 raise ValueError(f"--datasets: unknown dataset {d!r}; choose from {', '.join(data.DATASETS)}")
         for name in a.format_names:
             ladder.rq_config(ladder.flags_for(name))
         a.data_dir = data.resolve_data_dir(a.data_dir)
+        for d in a.dataset_names:
+            if not (path := a.data_dir / data.dataset_file(d)).is_file():
+                raise ValueError(f"--data-dir={a.data_dir}: {path} not found (--datasets {d})")
     except (ValueError, FileNotFoundError) as exc:
         p.error(str(exc))
     return a
@@ -242,9 +256,13 @@ def main(argv: list[str]) -> int:
     # documents start like training documents: after <|endoftext|> when the vocabulary has it
     eot = tok.convert_tokens_to_ids("<|endoftext|>")
     bos = eot if isinstance(eot, int) and eot != tok.unk_token_id else tok.bos_token_id
-    docs = {ds: data.documents(ds, args.data_dir, tok, num_docs=args.docs,
-                               doc_tokens=args.doc_tokens, bos_id=bos)
-            for ds in args.dataset_names}
+    try:
+        docs = {ds: data.documents(ds, args.data_dir, tok, num_docs=args.docs,
+                                   doc_tokens=args.doc_tokens, bos_id=bos)
+                for ds in args.dataset_names}
+    except ValueError as exc:  # too few tokens for --docs x --doc-tokens (a review: a traceback)
+        print(f"sglang-rq eval: error: {exc}", file=sys.stderr)
+        return 2
     first = docs[args.dataset_names[0]]
     prompts = [d[:args.gen_prompt_tokens] for d in (first * args.gen_prompts)[:args.gen_prompts]]
     raw, failed = {}, {}
