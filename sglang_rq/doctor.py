@@ -259,12 +259,16 @@ def run_checks() -> list[Check]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``sglang-rq doctor [--json] [--unpack BUNDLE --site DIR]``."""
+    """``sglang-rq doctor [--json] [--unpack BUNDLE] [--site DIR]``."""
     p = argparse.ArgumentParser(prog="sglang-rq doctor", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true", help="Print one JSON object.")
     p.add_argument("--unpack", type=Path, default=None, help="Bundle (.tar.xz) to extract first.")
-    p.add_argument("--site", type=Path, default=None, help="Directory to extract --unpack into.")
+    p.add_argument("--site", type=Path, default=None,
+                   help="Directory to extract --unpack into; without --unpack, an unpacked site "
+                        "to check.")
     args = p.parse_args(argv)
+    if args.unpack is None and args.site is not None and not args.site.is_dir():
+        p.error(f"--site {args.site}: no such directory (give --unpack BUNDLE to extract one)")
     if args.unpack is not None:
         if args.site is None:
             p.error("--unpack needs --site DIR")
@@ -278,9 +282,11 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--unpack {args.unpack}: not a readable .tar.xz bundle ({exc})")
         except OSError as exc:
             p.error(f"--unpack {args.unpack} into --site {args.site}: {exc}")
-        site = str(args.site.resolve())
         if not args.json:
-            print(f"unpacked {n} files into {site}; serve with PYTHONPATH={site}")
+            print(f"unpacked {n} files into {args.site.resolve()}; serve with "
+                  f"PYTHONPATH={args.site.resolve()}")
+    if args.site is not None:  # a review: --site alone was ignored and the venv checked
+        site = str(args.site.resolve())
         sys.path.insert(0, site)  # this process and (below) every check's subprocess
         old = os.environ.get("PYTHONPATH")
         os.environ["PYTHONPATH"] = site + (os.pathsep + old if old else "")

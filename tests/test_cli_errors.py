@@ -174,3 +174,12 @@ def test_bundle_refuses_before_pip(tmp_path, args, needle):
                       (afile / "b", f"--out={afile / 'b'}: a parent of it is a file")):
         r = _cli("bundle", "--out", str(bad))
         assert r.returncode == 2 and said in r.stderr, r.stderr
+
+
+def test_doctor_site_alone_must_be_a_site(tmp_path):
+    """A seventh new-user review (session 42): ``doctor --site DIR`` without ``--unpack`` was
+    ignored, and the venv's check reported "serving can work"; it now checks that site, which
+    must exist."""
+    r = subprocess.run([sys.executable, "-m", "sglang_rq.doctor", "--site", str(tmp_path / "no")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and f"--site {tmp_path / 'no'}: no such directory" in r.stderr
