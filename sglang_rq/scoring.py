@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="sglang-rq score",
         description="Score token ids with decode's numerics (one in-flight token per step, "
                     "history from the compressed cache): one request per scored token.")
-    p.add_argument("--url", default="http://127.0.0.1:30000", help="Server base URL.")
+    p.add_argument("--url", default="http://127.0.0.1:30000",
+                   help="Server base URL (or its OpenAI base, .../v1).")
     p.add_argument("--input-ids-file", required=True,
                    help="JSON file: a list of token ids, or an object with 'input_ids' (and "
                         "optionally 'start'); '-' reads stdin.")
@@ -194,6 +195,14 @@ def main(argv: list[str] | None = None) -> int:
                 "a JSON list of integer token ids")
     if not is_int(start):
         p.error(f"start={start!r} (--start or the file's 'start') must be an integer")
+    if not 1 <= start < len(ids):  # before any request (a review: rc 1, no flag named)
+        p.error(f"start={start} (--start or the file's 'start') must satisfy 1 <= start < "
+                f"{len(ids)} (the number of input_ids: the prompt input_ids[:start] is not "
+                "scored and at least one token is)")
+    if args.top_k < 0:
+        p.error(f"--top-k={args.top_k} must be >= 0")
+    # the server's base URL; its OpenAI base (.../v1) too, as `sglang-rq tasks` takes it
+    args.url = args.url.rstrip("/").removesuffix("/v1")
     try:
         steps = score_steps(args.url, ids, start, top_k=args.top_k,
                             temperature=args.temperature, timeout=args.timeout)

@@ -31,7 +31,10 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     ('"123"', "must be a JSON list of integer token ids"),
     ("[1.5, 2, 3]", "must be a JSON list of integer token ids"),
     ("[true, false, 3]", "must be a JSON list of integer token ids"),
-    ('{"input_ids": [1, 2, 3], "start": "2"}', "start='2' (--start or the file's 'start')")])
+    ('{"input_ids": [1, 2, 3], "start": "2"}', "start='2' (--start or the file's 'start')"),
+    # a seventh review (session 42): these were rc 1 from the library, naming no flag
+    ("[]", "start=1 (--start or the file's 'start') must satisfy 1 <= start < 0"),
+    ('{"input_ids": [1, 2], "start": 5}', "start=5 (--start or the file's 'start') must satisfy")])
 def test_score_ids_file_errors(tmp_path, content, needle):
     path = tmp_path / "ids.json"
     if content is not None:

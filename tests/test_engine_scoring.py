@@ -161,7 +161,9 @@ def test_cli_score_prints_the_decode_like_logprobs(servers, tmp_path, capsys):
     assert out["start"] == 3 and out["logprobs"] == want
     assert [s["cached_tokens"] for s in out["steps"]] == [0, *range(3, len(ids) - 1)]
     assert all(len(s["top"]) == 2 for s in out["steps"])
-    assert main(["score", "--url", url, "--input-ids-file", str(f), "--start", "0"]) == 1
+    with pytest.raises(SystemExit) as exc:  # refused as the flag's error, before any request
+        main(["score", "--url", url, "--input-ids-file", str(f), "--start", "0"])
+    assert exc.value.code == 2
 
 
 def test_start_out_of_range_is_refused_before_any_request():
