@@ -23,7 +23,7 @@ from sglang_rq import env
 from sglang_rq.cli_values import MAX_WAIT_S, positive_error
 from sglang_rq.canary_spec import CanarySpec
 from sglang_rq.config import RQConfig, RQConfigError, add_cli_args
-from sglang_rq.layout import HUGINN_MODEL_TYPE, ModelKVShape
+from sglang_rq.layout import HUGINN_MODEL_TYPE, MAX_LOOPS, ModelKVShape
 from sglang_rq.models.embedded import EMBEDDED_MODEL
 from sglang_rq.server_process import port_in_use_reason
 CPU_SHIMS = Path(__file__).resolve().parent / "_cpu_shims"
@@ -515,12 +515,6 @@ def prepare_environment(argv: list[str]) -> list[str]:
     return rest
 
 
-# Huginn's recurrences per token: 32x the published model's mean_recurrence of 32. Each is a
-# loop with its own KV slot, and the pool's slot tables are built per loop before the model
-# loads: a review's 10^8 grew memory for minutes at start-up (10^6 took 2.7 s and 236 MiB).
-MAX_RECURRENCES = 1024
-
-
 def with_recurrences(argv: list[str], recurrences: int) -> list[str]:
     """SGLang ``argv`` whose ``--json-model-override-args`` sets Huginn's ``mean_recurrence``
     (the number of KV slots SGLang allocates follows it: `layout.ModelKVShape.num_slots`).
@@ -528,11 +522,11 @@ def with_recurrences(argv: list[str], recurrences: int) -> list[str]:
     Raises
     ------
     sglang_rq.config.RQConfigError
-        For a count outside 1 .. `MAX_RECURRENCES`, a local model whose ``config.json`` is not a Huginn model, or a
+        For a count outside 1 .. `layout.MAX_LOOPS`, a local model whose ``config.json`` is not a Huginn model, or a
         ``--json-model-override-args`` that sets another ``mean_recurrence``.
     """
-    if not 1 <= recurrences <= MAX_RECURRENCES:
-        raise RQConfigError(f"--rq-recurrences={recurrences} must be in 1 .. {MAX_RECURRENCES}")
+    if not 1 <= recurrences <= MAX_LOOPS:
+        raise RQConfigError(f"--rq-recurrences={recurrences} must be in 1 .. {MAX_LOOPS}")
     model = _flag_value(argv, "--model-path", "--model")
     hf = _local_model_config(model)
     if hf is not None and hf.get("model_type") != HUGINN_MODEL_TYPE:

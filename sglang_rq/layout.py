@@ -115,7 +115,8 @@ class ModelKVShape:
         ------
         RQConfigError
             If the file is missing, is not a JSON object, lacks a field, or a count field
-            (`COUNT_FIELDS`) is not a positive integer (names the file and field), the KV
+            (`COUNT_FIELDS`) is not a positive integer (names the file and field), a loop
+            count is above `MAX_LOOPS`, the KV
             heads do not divide the query heads, or ``tp_size`` does not divide the KV heads.
         """
         where = "config"
@@ -140,6 +141,11 @@ class ModelKVShape:
                 kind = "a positive" if least else "a non-negative"
                 raise RQConfigError(f"{where}: field '{key}' must be {kind} integer, got "
                                     f"{value!r}")
+            if key in (*LOOP_COUNT_FIELDS, "mean_recurrence") and value is not None \
+                    and value > MAX_LOOPS:
+                raise RQConfigError(f"{where}: field '{key}' ({value}) is above {MAX_LOOPS} "
+                                    "loops per token (config.json, --json-model-override-args "
+                                    "or --rq-recurrences)")
         try:
             if hf.get("model_type") == HUGINN_MODEL_TYPE:
                 return _huginn_shape(hf.get, tp_size)
@@ -219,6 +225,12 @@ COUNT_FIELDS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads
                 "n_layers_in_recurrent_block")
 """Fields of a ``config.json`` that must be positive integers where present (a 0, 2.5,
 ``true`` or "4" is refused, not read as another model)."""
+
+MAX_LOOPS = 1024
+"""The most loops (Huginn: recurrences) a model may run per token: 32x Huginn-3.5B's published
+``mean_recurrence`` of 32. Each loop is a KV slot per token, and the pool's slot tables are built
+per loop before the model loads: a review's 10^8 recurrences grew memory for minutes at start-up
+(10^6 took 2.7 s and 236 MiB)."""
 
 HUGINN_UNLOOPED_FIELDS = ("n_layers_in_prelude", "n_layers_in_coda")
 """Huginn's un-looped layer counts: integers, 0 allowed."""

@@ -132,6 +132,7 @@ def test_out_paths_refused_before_the_run(tmp_path):
     ("num_attention_heads", 0, "field 'num_attention_heads' must be a positive integer, got 0"),
     ("num_hidden_layers", "4", "field 'num_hidden_layers' must be a positive integer, got '4'"),
     ("total_ut_steps", 2.5, "field 'total_ut_steps' must be a positive integer, got 2.5"),
+    ("total_ut_steps", 2000, "field 'total_ut_steps' (2000) is above 1024 loops per token"),
     ("head_dim", 100, "no supported group size (16, 32, 64) does; serve it with --rq-disable")])
 def test_kv_size_bad_model_config_is_one_line(tmp_path, field, value, needle):
     # a fifth new-user review (session 39): tracebacks (ZeroDivisionError, TypeError), 2.5 loops

@@ -536,15 +536,24 @@ def test_recurrences_past_the_ceiling_are_refused():
     from pathlib import Path
 
     from sglang_rq.config import RQConfigError
-    from sglang_rq.launch_server import MAX_RECURRENCES, with_recurrences
+    from sglang_rq.launch_server import with_recurrences
+    from sglang_rq.layout import MAX_LOOPS
     from sglang_rq.models.embedded import EMBEDDED_MODEL
 
     huginn = str(Path(EMBEDDED_MODEL).parent / "mini-huginn")
     with pytest.raises(RQConfigError, match=f"--rq-recurrences=100000000 must be in 1 .. "
-                                            f"{MAX_RECURRENCES}"):
+                                            f"{MAX_LOOPS}"):
         with_recurrences(["--model-path", huginn], 100_000_000)
-    assert "mean_recurrence" in " ".join(with_recurrences(["--model-path", huginn],
-                                                          MAX_RECURRENCES))
+    assert "mean_recurrence" in " ".join(with_recurrences(["--model-path", huginn], MAX_LOOPS))
+    # the same count through the override the flag sets (the fix's review: no check, the hang;
+    # refused where the model's shape is read, after SGLang's parser)
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "sglang_rq.launch_server", "--model-path", huginn,
+                        "--json-model-override-args", '{"mean_recurrence": 100000000}',
+                        "--port", "1", *CPU_SIZES], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and (f"error: config: field 'mean_recurrence' (100000000) is above "
+                                  f"{MAX_LOOPS} loops per token") in r.stderr, r.stderr[-2000:]
 
 
 def test_recurrences_and_an_override_that_disagree_are_refused():
