@@ -21,7 +21,7 @@ from pathlib import Path
 
 from sglang_rq import env
 from sglang_rq.cli_values import MAX_WAIT_S, positive_error
-from sglang_rq.canary_spec import CanarySpec
+from sglang_rq.canary_spec import CanarySpec, load_spec_for
 from sglang_rq.config import RQConfig, RQConfigError, add_cli_args
 from sglang_rq.layout import HUGINN_MODEL_TYPE, MAX_LOOPS, ModelKVShape
 from sglang_rq.models.embedded import EMBEDDED_MODEL
@@ -653,6 +653,12 @@ def main(argv: list[str] | None = None) -> None:
         validate_against_model(cfg, server_args.model_path, tp_size=server_args.tp_size,
                                overrides=json.loads(server_args.json_model_override_args or "{}"))
         check_kv_budget(cfg, server_args)
+    if env.RQ_CANARY.get():  # the spec the canary will read, the model's own canary.json too
+        try:  # (the fix's review: a malformed default spec was a traceback from install)
+            load_spec_for(server_args.model_path, env.RQ_CANARY_FILE.get())
+        except ValueError as exc:
+            raise RQConfigError(f"{exc} (record one with `python -m sglang_rq.canary record`, or "
+                                "give --rq-canary-file)") from exc
     why = port_in_use_reason(server_args.host, server_args.port)
     if why is not None:
         raise RQConfigError(why)

@@ -604,3 +604,25 @@ def test_a_tensor_parallel_size_that_is_no_count_is_named(clean_env, argv):
 
     with pytest.raises(RQConfigError, match=r"--tp-size=\S+ must be an integer >= 1"):
         prepare_environment(argv)
+
+
+def test_a_malformed_canary_json_beside_the_model_is_refused_before_weights_load(tmp_path):
+    """The seventh review's fix review (session 42): the model's own ``canary.json`` (read where
+    no --rq-canary-file is given) was loaded only by the canary's install, whose ValueError was a
+    traceback; it is checked where the model path is known, before the weights load."""
+    import subprocess
+    from pathlib import Path
+
+    from sglang_rq.models.embedded import EMBEDDED_MODEL
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for f in Path(EMBEDDED_MODEL).iterdir():
+        if f.name != "canary.json":
+            (model / f.name).symlink_to(f)
+    (model / "canary.json").write_text("[1, 2]")
+    r = subprocess.run([sys.executable, "-m", "sglang_rq.launch_server", "--model-path", str(model),
+                        "--port", "1", *CPU_SIZES], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"error: canary spec {model / 'canary.json'}: a JSON object of input_ids" in r.stderr
+    assert "Traceback" not in r.stderr
