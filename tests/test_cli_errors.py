@@ -70,7 +70,9 @@ def test_waits_past_a_year_are_refused(tmp_path):
     (["--seed", str(2 ** 64)], f"--seed={2 ** 64} must be in -2^63 .. 2^64 - 1"),
     (["--rq-rotation-seed", str(2 ** 64)], f"--rq-rotation-seed={2 ** 64} must be in"),
     (["--rq-disable"], "--rq-disable: calibrate learns the rotations of the RQ cache"),
-    (["--rq-loop-bits", "2,2"], "--rq-loop-bits gives 2 widths but the model runs 4 loops")])
+    (["--rq-loop-bits", "2,2"], "--rq-loop-bits gives 2 widths but the model runs 4 loops"),
+    (["--data-dir", "/"], "--data-dir=/: /literature/herman.melville.moby.dick.or.the.whale.txt "
+                          "not found")])
 def test_calibrate_refuses_before_the_capture(tmp_path, args, needle):
     """A seventh new-user review (session 42): each of these failed with a traceback only after
     the model load and the capture, or after the learning (the output path, which lost it)."""

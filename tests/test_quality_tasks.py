@@ -88,6 +88,12 @@ def test_unknown_task_names_flag():
 
 @pytest.mark.parametrize("task,content,needle", [
     ("humaneval", b"garbage", "cannot read it (Not a gzipped file"),
+    # the fix's review: a gzip header over a damaged body (zlib.error), an empty file and MBPP
+    # without its test split (ZeroDivisionError after the server was asked)
+    ("humaneval", b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03garbage", "cannot read it"),
+    ("gsm8k", b"", "holds no gsm8k problems"),
+    ("mbpp", b'{"task_id": 1, "text": "t", "code": "c", "test_list": []}\n',
+     "holds no mbpp problems (task ids 11-510)"),
     ("gsm8k", b"\xff\xfe", "cannot read it ('utf-8' codec can't decode"),
     ("gsm8k", b"nope\n", "line 1: not JSON"),
     ("mbpp", b'{"text": "x"}\n', "line 1: a JSON object with task_id, text, code, test_list is "

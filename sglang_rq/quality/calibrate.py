@@ -76,17 +76,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         a.data_dir = resolve_data_dir(a.data_dir)
     except FileNotFoundError as exc:
         p.error(str(exc))
+    for name in CALIBRATION_FILES:  # (the fix's review: found only after the model loaded)
+        if not (a.data_dir / name).is_file():
+            p.error(f"--data-dir={a.data_dir}: {a.data_dir / name} not found")
     return a
+
+
+CALIBRATION_FILES = ("literature/herman.melville.moby.dick.or.the.whale.txt", "gsm8k/train.jsonl")
+"""The training mix's texts under a data directory (`calibration_windows`)."""
 
 
 def calibration_windows(data_dir: Path, tokenizer, *, count: int, tokens: int, offset: int) -> list[list[int]]:
     """``count`` windows of ``tokens`` ids from the training mix: half from Moby-Dick, half from
     GSM8K *train* conversations; ``offset`` selects disjoint windows (fit vs held-out)."""
-    prose_path = data_dir / "literature" / "herman.melville.moby.dick.or.the.whale.txt"
-    gsm_path = data_dir / "gsm8k" / "train.jsonl"
-    for path in (prose_path, gsm_path):
-        if not path.exists():
-            raise FileNotFoundError(f"--data-dir={data_dir}: {path} not found")
+    prose_path, gsm_path = (data_dir / f for f in CALIBRATION_FILES)
     prose = tokenizer.encode(prose_path.read_text(encoding="utf-8", errors="replace"),
                              add_special_tokens=False)
     convs = [json.loads(line) for line in gsm_path.read_text().splitlines()[:2000]]
@@ -224,11 +227,15 @@ def main(argv: list[str]) -> int:
     cfg = RQConfig.from_args(args)
     torch.manual_seed(args.seed)
     tok = data.load_tokenizer(args.model_path)
+    try:  # before the model loads (the fix's review: --windows past the texts was a traceback)
+        windows = [calibration_windows(args.data_dir, tok, count=args.windows,
+                                       tokens=args.window_tokens, offset=offset)
+                   for offset in (0, args.windows)]
+    except ValueError as exc:
+        print(f"sglang-rq calibrate: error: {exc}", file=sys.stderr)
+        return 2
     model = OuroReferenceModel.from_pretrained(args.model_path).eval()
-    fit = capture_kv(model, calibration_windows(args.data_dir, tok, count=args.windows,
-                                                tokens=args.window_tokens, offset=0))
-    held = capture_kv(model, calibration_windows(args.data_dir, tok, count=args.windows,
-                                                 tokens=args.window_tokens, offset=args.windows))
+    fit, held = (capture_kv(model, w) for w in windows)
     L, U, _, N, H, D = fit.shape
     shape = dict(num_layers=L, num_kv_heads=H, head_dim=D)
     r0 = build_rotation(dataclasses.replace(cfg, rotation="hadamard"), **shape).reshape(L * H, D, D)

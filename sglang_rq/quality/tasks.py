@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 import requests
@@ -156,6 +157,9 @@ def load_problems(task: str, data_dir: Path, limit: int) -> list[dict]:
     rows = _json_rows(path, data_dir, FIELDS[task])
     if task == "mbpp":  # the test split
         rows = [r for r in rows if isinstance(r["task_id"], int) and 11 <= r["task_id"] <= 510]
+    if not rows:  # the fix's review: a ZeroDivisionError after contacting the server
+        raise ValueError(f"--data-dir={data_dir}: {path} holds no {task} problems"
+                         + (" (task ids 11-510)" if task == "mbpp" else ""))
     return rows[:limit]
 
 
@@ -171,7 +175,7 @@ def _json_rows(path: Path, data_dir: Path, fields: tuple[str, ...]) -> list[dict
     try:
         raw = (gzip.decompress(path.read_bytes()) if path.suffix == ".gz"
                else path.read_bytes()).decode("utf-8")
-    except (OSError, EOFError, UnicodeDecodeError) as exc:  # BadGzipFile is an OSError
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:  # BadGzipFile: OSError
         raise ValueError(f"--data-dir={data_dir}: {path}: cannot read it ({exc})") from exc
     rows = []
     for n, line in enumerate(raw.splitlines(), 1):
@@ -179,7 +183,7 @@ def _json_rows(path: Path, data_dir: Path, fields: tuple[str, ...]) -> list[dict
             continue
         try:
             row = json.loads(line)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise ValueError(f"--data-dir={data_dir}: {path} line {n}: not JSON ({exc})") from exc
         missing = [f for f in fields if f not in row] if isinstance(row, dict) else list(fields)
         if missing:
