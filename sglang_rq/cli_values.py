@@ -33,30 +33,34 @@ def wait_error(flag: str, value: float | None) -> str | None:
 
 def out_file_error(flag: str, path: Path | None) -> str | None:
     """The error for ``flag``'s output file ``path`` that cannot be written, or None (also for
-    None): a directory, a parent that is a file, or a directory this process cannot create or
-    write a file in. Creates the missing parent directories, as the writers do. Checked before
-    the work, which a review lost at its end (``calibrate --out`` a directory after the learning,
+    None): a directory, or `_unwritable` (the writer makes missing parents). Checked before the
+    work, which a review lost at its end (``calibrate --out`` a directory after the learning,
     ``tasks --out /proc/x/out.json`` after grading)."""
     if path is None:
         return None
     if path.is_dir():
         return f"{flag}={path} is a directory; give the file to write"
-    if any(d.exists() and not d.is_dir() for d in path.parents):
-        return f"{flag}={path}: a parent of it is a file"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path.parent):
-            pass
-    except OSError as exc:
-        return f"{flag}={path}: cannot write under {path.parent} ({exc.strerror or exc})"
-    return None
+    return _unwritable(flag, path)
 
 
 def out_dir_error(flag: str, path: Path) -> str | None:
-    """The error for ``flag``'s output directory ``path`` that cannot be one (a file, or a parent
-    that is a file), or None."""
+    """The error for ``flag``'s output directory ``path`` that cannot be one, or None: a file, or
+    `_unwritable`."""
     if path.exists() and not path.is_dir():
         return f"{flag}={path} is a file; give the directory to write to"
+    return _unwritable(flag, path)
+
+
+def _unwritable(flag: str, path: Path) -> str | None:
+    """A parent of ``path`` that is a file, or a nearest existing parent this process cannot
+    make a directory in (tried and removed: permission bits do not bind root, ``/proc`` does),
+    as ``flag``'s error; else None. Creates nothing that stays."""
     if any(d.exists() and not d.is_dir() for d in path.parents):
         return f"{flag}={path}: a parent of it is a file"
+    base = next(d for d in path.absolute().parents if d.exists())
+    try:
+        with tempfile.TemporaryDirectory(dir=base):
+            pass
+    except OSError as exc:
+        return f"{flag}={path}: cannot write under {base} ({exc.strerror or exc})"
     return None

@@ -65,7 +65,7 @@ def test_waits_past_a_year_are_refused(tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["--out", "{tmp}/d.safetensors"], "--out={tmp}/d.safetensors is a directory"),
     (["--out", "/proc/sglang-rq-test/r.safetensors"],
-     "--out=/proc/sglang-rq-test/r.safetensors: cannot write under /proc/sglang-rq-test"),
+     "--out=/proc/sglang-rq-test/r.safetensors: cannot write under /proc"),
     (["--lr", "nan"], "--lr=nan must be > 0 and finite"),
     (["--seed", str(2 ** 64)], f"--seed={2 ** 64} must be in -2^63 .. 2^64 - 1"),
     (["--rq-rotation-seed", str(2 ** 64)], f"--rq-rotation-seed={2 ** 64} must be in"),
@@ -127,7 +127,11 @@ def test_out_paths_refused_before_the_run(tmp_path):
     # a parent that cannot be made (session 42's review: after grading, a traceback)
     r = _cli("tasks", "--url", "http://127.0.0.1:9", "--task", "gsm8k", "--out",
              "/proc/sglang-rq-test/out.json")
-    assert r.returncode == 2 and "cannot write under /proc/sglang-rq-test" in r.stderr
+    assert r.returncode == 2 and "/proc/sglang-rq-test/out.json: cannot write under /proc" in r.stderr
+    for cmd in ("eval", "bundle"):  # output directories (the fix's review: tracebacks)
+        r = _cli(cmd, "--out", "/proc/sglang-rq-test/res")
+        assert r.returncode == 2 and "--out=/proc/sglang-rq-test/res: cannot write under /proc" \
+            in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("field,value,needle", [
