@@ -31,8 +31,18 @@ class CanarySpec:
     weights_fingerprint: str = ""
 
     def __post_init__(self) -> None:
+        def ids(x) -> bool:
+            return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool)
+                                               and t >= 0 for t in x)
+
+        if not ids(self.input_ids) or not ids(self.expect_ids):
+            raise ValueError("canary spec: input_ids and expect_ids must be lists of token ids "
+                             "(integers >= 0)")
         if not self.input_ids:
             raise ValueError("canary spec: input_ids is empty")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"canary spec: max_new_tokens={self.max_new_tokens!r} must be an "
+                             "integer >= 1")
         if self.match_tokens > len(self.expect_ids) or self.match_tokens > self.max_new_tokens:
             raise ValueError(f"canary spec: match_tokens={self.match_tokens} exceeds expect_ids "
                              f"({len(self.expect_ids)}) or max_new_tokens ({self.max_new_tokens})")

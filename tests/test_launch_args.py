@@ -339,7 +339,11 @@ def test_missing_canary_file_is_refused(clean_env, tmp_path):
 @pytest.mark.parametrize("content,needle", [
     ("", "Expecting value"), ("[1, 2]", "a JSON object of input_ids"),
     ('{"prompt": "x"}', "missing 1 required positional argument: 'input_ids'"),
-    ('{"input_ids": []}', "input_ids is empty"), ('{"input_ids": [1], "ids": 2}', "'ids'")])
+    ('{"input_ids": []}', "input_ids is empty"), ('{"input_ids": [1], "ids": 2}', "'ids'"),
+    # the fix's review: values of the wrong type passed
+    ('{"input_ids": "12"}', "must be lists of token ids"),
+    ('{"input_ids": [-1, 1e30]}', "must be lists of token ids"),
+    ('{"input_ids": [1, 2], "max_new_tokens": 0}', "max_new_tokens=0 must be an integer >= 1")])
 def test_malformed_canary_file_is_refused_before_the_model_loads(clean_env, tmp_path, content,
                                                                  needle):
     """A seventh new-user review (session 42): an empty file, one without ``input_ids`` or with an

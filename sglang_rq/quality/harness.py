@@ -71,7 +71,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         shlex.split(a.server_args)
     except ValueError as exc:
         p.error(f"--server-args={a.server_args!r}: {exc}")
-    if not a.formats.strip():
+    if not any(n.strip() for n in a.formats.split(",")):
         p.error("--formats is empty; name the formats to compare with BF16 (default: ladder)")
     if not (Path(a.model_path) / "config.json").is_file():
         p.error(f"--model-path={a.model_path}: no config.json there (give a local checkpoint "
