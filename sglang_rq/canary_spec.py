@@ -65,7 +65,8 @@ class CanarySpec:
                                  "is expected")
             return cls(**data)
         except (OSError, TypeError, ValueError) as exc:  # JSONDecodeError is a ValueError
-            raise ValueError(f"canary spec {path}: {str(exc).removeprefix('canary spec: ')}") from exc
+            why = str(exc).removeprefix("canary spec: ")
+            raise ValueError(f"canary spec {path}: {why}") from exc
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=1) + "\n")

@@ -268,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                         "to check.")
     args = p.parse_args(argv)
     if args.unpack is None and args.site is not None and not args.site.is_dir():
-        p.error(f"--site {args.site}: {'not a directory' if args.site.exists() else 'no such directory'} "
-                "(give --unpack BUNDLE to extract one)")
+        what = "not a directory" if args.site.exists() else "no such directory"
+        p.error(f"--site {args.site}: {what} (give --unpack BUNDLE to extract one)")
     if args.unpack is not None:
         if args.site is None:
             p.error("--unpack needs --site DIR")

@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 
 from sglang_rq import env
-from sglang_rq.cli_values import MAX_WAIT_S, positive_error
 from sglang_rq.canary_spec import CanarySpec, load_spec_for
+from sglang_rq.cli_values import MAX_WAIT_S, positive_error
 from sglang_rq.config import RQConfig, RQConfigError, add_cli_args
 from sglang_rq.layout import HUGINN_MODEL_TYPE, MAX_LOOPS, ModelKVShape
 from sglang_rq.models.embedded import EMBEDDED_MODEL
@@ -522,8 +522,9 @@ def with_recurrences(argv: list[str], recurrences: int) -> list[str]:
     Raises
     ------
     sglang_rq.config.RQConfigError
-        For a count outside 1 .. `layout.MAX_LOOPS`, a local model whose ``config.json`` is not a Huginn model, or a
-        ``--json-model-override-args`` that sets another ``mean_recurrence``.
+        For a count outside 1 .. `layout.MAX_LOOPS`, a local model whose ``config.json`` is not
+        a Huginn model, or a ``--json-model-override-args`` that sets another
+        ``mean_recurrence``.
     """
     if not 1 <= recurrences <= MAX_LOOPS:
         raise RQConfigError(f"--rq-recurrences={recurrences} must be in 1 .. {MAX_LOOPS}")
@@ -609,9 +610,9 @@ def check_kv_budget(cfg: RQConfig, server_args) -> None:
     fixed = layout.fixed_bytes(shape, cfg, staging_tokens=staging)
     total, where = _memory_bytes()
     if fixed > total:  # a review's --rq-staging-tokens 10^11
-        raise RQConfigError(f"the pool's fixed bytes ({fixed / 2**30:.1f} GiB: staging for {staging} "
-                            f"tokens per forward, --rq-staging-tokens, and rotations) exceed "
-                            f"{where}'s {total / 2**30:.1f} GiB")
+        raise RQConfigError(f"the pool's fixed bytes ({fixed / 2**30:.1f} GiB: staging for "
+                            f"{staging} tokens per forward, --rq-staging-tokens, and rotations) "
+                            f"exceed {where}'s {total / 2**30:.1f} GiB")
     if not budget_gb or budget_gb <= 0:
         return
     page = max(1, server_args.page_size or 1)
