@@ -253,7 +253,6 @@ def main(argv: list[str]) -> int:
         c = dataclasses.replace(cfg, rotation="none" if rot is None else "hadamard")
         report[name] = codec_error(held, c, rot)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     save_file({"rotation": learned.contiguous()}, str(args.out),
               metadata={"kv_format": cfg.describe(), "model_path": str(args.model_path),
                         "held_out_relative_error": json.dumps(report)})
