@@ -31,6 +31,14 @@ def wait_error(flag: str, value: float | None) -> str | None:
     return None
 
 
+def seed_error(flag: str, value: int) -> str | None:
+    """The error for ``flag``'s ``value`` outside torch's seeds (`torch.Generator.manual_seed`
+    takes -2^63 .. 2^64 - 1; past them a traceback after the model loaded), or None."""
+    if -2 ** 63 <= value < 2 ** 64:
+        return None
+    return f"{flag}={value} must be in -2^63 .. 2^64 - 1"
+
+
 def out_file_error(flag: str, path: Path | None) -> str | None:
     """The error for ``flag``'s output file ``path`` that cannot be written, or None (also for
     None): a directory, or `_unwritable` (the writer makes missing parents). Checked before the

@@ -16,6 +16,8 @@ import functools
 import json
 from dataclasses import dataclass
 
+from sglang_rq.cli_values import seed_error
+
 #: Bit widths a loop may be stored with. 0: the loop shares the anchor (x̂ = c·â),
 #: 16: the loop is kept in BF16, 1/2/4/8: asymmetric integer codes in groups.
 SUPPORTED_BITS = (0, 1, 2, 4, 8, 16)
@@ -130,9 +132,8 @@ class RQConfig:
         if self.unlooped_bits not in UNLOOPED_BITS:
             raise RQConfigError(f"--rq-unlooped-bits={self.unlooped_bits} is not supported; choose "
                                 f"one of {', '.join(map(str, UNLOOPED_BITS))}")
-        if not -2 ** 63 <= self.rotation_seed < 2 ** 64:  # torch.Generator.manual_seed's range
-            raise RQConfigError(f"--rq-rotation-seed={self.rotation_seed} must be in "
-                                "-2^63 .. 2^64 - 1")
+        if (err := seed_error("--rq-rotation-seed", self.rotation_seed)) is not None:
+            raise RQConfigError(err)
 
     # ------------------------------------------------------------------ derived
     def bits_for_loops(self, num_loops: int) -> tuple[int, ...]:

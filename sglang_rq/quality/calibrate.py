@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from sglang_rq.cli_values import out_file_error, positive_error
+from sglang_rq.cli_values import out_file_error, positive_error, seed_error
 from sglang_rq.config import RQConfig, RQConfigError, add_cli_args
 from sglang_rq.layout import ModelKVShape, kv_slot
 from sglang_rq.models.ouro_config import OURO_MODEL_TYPE
@@ -56,8 +56,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     # optimizer's and torch's seeds, a format that has no rotation to learn or bad loop bits
     if (err := out_file_error("--out", a.out) or positive_error("--lr", a.lr)) is not None:
         p.error(err)
-    if not -2 ** 63 <= a.seed < 2 ** 64:  # torch.manual_seed's range
-        p.error(f"--seed={a.seed} must be in -2^63 .. 2^64 - 1")
+    if (err := seed_error("--seed", a.seed)) is not None:
+        p.error(err)
     if a.rq_disable:
         p.error("--rq-disable: calibrate learns the rotations of the RQ cache; leave it out")
     cfg_path = Path(a.model_path) / "config.json"
