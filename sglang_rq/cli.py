@@ -52,6 +52,13 @@ def kv_size(argv: list[str]) -> int:
         p.error(f"--tp-size={args.tp_size} must be >= 1")
     shape = layout.ModelKVShape.from_hf_config(args.model_config, tp_size=args.tp_size)
     cfg = RQConfig.from_args(args)
+    from sglang_rq.rotation import check_rotation_file
+
+    try:  # a rotation file `serve` would refuse (its bytes come from the shape alone)
+        check_rotation_file(cfg, num_layers=shape.num_layers, num_kv_heads=shape.num_kv_heads,
+                            head_dim=shape.head_dim, tp_size=args.tp_size)
+    except RQConfigError as exc:
+        p.error(str(exc))
     staging_tokens = args.staging_tokens or layout.staging_tokens(
         chunked_prefill_size=args.chunked_prefill_size,
         max_prefill_tokens=args.max_prefill_tokens,

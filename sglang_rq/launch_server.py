@@ -557,7 +557,7 @@ def validate_against_model(cfg: RQConfig, model_path: str, *, tp_size: int = 1,
     """Check the KV format against the model's ``config.json`` before any weights load: loop
     bits vs loop count, group size vs head_dim, loop groups (`layout.loop_segments`), KV heads
     vs ``--tp-size`` (the pool shards heads across ranks) and a rotation file's presence,
-    shape and orthogonality (`rotation.build_rotation`; a file holds every head, so it is
+    shape and orthogonality (`rotation.check_rotation_file`; a file holds every head, so it is
     refused with ``--tp-size`` > 1). A model that is not a local directory (a hub id) is
     checked later, when the pool is built. ``overrides`` are SGLang's
     ``--json-model-override-args`` (e.g. Huginn's ``mean_recurrence``), applied to the config
@@ -571,17 +571,12 @@ def validate_against_model(cfg: RQConfig, model_path: str, *, tp_size: int = 1,
     shape = _local_model_shape(model_path, overrides, tp_size) if cfg.enabled else None
     if shape is None:
         return
-    from sglang_rq.config import ROTATION_CHOICES
     from sglang_rq.layout import kv_stacks
-    from sglang_rq.rotation import build_rotation
+    from sglang_rq.rotation import check_rotation_file
 
     kv_stacks(shape, cfg)
-    if cfg.rotation not in ROTATION_CHOICES and tp_size > 1:
-        raise RQConfigError(f"--rq-rotation={cfg.rotation} with --tp-size {tp_size}: rotation "
-                            "files are not sharded across ranks yet; use --rq-rotation hadamard")
-    if cfg.rotation not in ROTATION_CHOICES:
-        build_rotation(cfg, num_layers=shape.num_layers, num_kv_heads=shape.num_kv_heads,
-                       head_dim=shape.head_dim)
+    check_rotation_file(cfg, num_layers=shape.num_layers, num_kv_heads=shape.num_kv_heads,
+                        head_dim=shape.head_dim, tp_size=tp_size)
 
 
 def check_kv_budget(cfg: RQConfig, server_args) -> None:

@@ -98,3 +98,24 @@ def build_rotation(cfg: RQConfig, *, num_layers: int, num_kv_heads: int,
         raise RQConfigError(f"--rq-rotation={cfg.rotation}: matrices are not orthogonal "
                             f"(max |R R^T - I| = {err:.2e})")
     return rot.contiguous()
+
+
+def check_rotation_file(cfg: RQConfig, *, num_layers: int, num_kv_heads: int, head_dim: int,
+                        tp_size: int = 1) -> None:
+    """Refuse a rotation file (``cfg.rotation`` a path) that serving would refuse, before any
+    work: with ``tp_size`` > 1 (a file holds every KV head; it is not sharded across ranks yet),
+    or one `build_rotation` refuses for this shape. The built-in rotations pass.
+
+    Raises
+    ------
+    RQConfigError
+        Naming ``--rq-rotation`` and what is wrong with the file.
+    """
+    from sglang_rq.config import ROTATION_CHOICES
+
+    if not cfg.enabled or cfg.rotation in ROTATION_CHOICES:
+        return
+    if tp_size > 1:
+        raise RQConfigError(f"--rq-rotation={cfg.rotation} with --tp-size {tp_size}: rotation "
+                            "files are not sharded across ranks yet; use --rq-rotation hadamard")
+    build_rotation(cfg, num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim)

@@ -114,6 +114,22 @@ def test_kv_size_budget_past_a_byte_count():
     assert r.returncode == 2 and "--memory-gb=1e+300 is past what a byte count holds" in r.stderr
 
 
+def test_kv_size_checks_a_rotation_file(tmp_path):
+    """``kv-size --rq-rotation FILE`` read nothing of the file (its bytes come from the shape), so
+    a missing one, one of another model's shape or one under ``--tp-size 2`` printed figures
+    for a format that `serve` refuses (session 42's review, left then)."""
+    good = str(Path(EMBEDDED_MODEL).parent / "mini-ouro-rotation.safetensors")
+    base = ("kv-size", "--model-config", str(EMBEDDED_MODEL), "--rq-rotation")
+    r = _cli(*base, str(tmp_path / "none.safetensors"))
+    assert r.returncode == 2 and "cannot read a 'rotation' tensor" in r.stderr, r.stderr
+    r = _cli(*base, good, "--tp-size", "2")
+    assert r.returncode == 2 and "not sharded across ranks" in r.stderr, r.stderr
+    r = _cli("kv-size", "--model-config", str(HUGINN), "--rq-rotation", good)
+    assert r.returncode == 2 and "rotation has shape" in r.stderr, r.stderr
+    r = _cli(*base, good)
+    assert r.returncode == 0 and "bytes/token" in r.stdout, r.stderr
+
+
 def test_out_paths_refused_before_the_run(tmp_path):
     """``tasks --out`` under a file and ``eval --out`` naming a file failed only after the run or
     with a traceback (fix review)."""
