@@ -20,6 +20,7 @@ def kv_size(argv: list[str]) -> int:
     (`layout.staging_tokens`); with ``--tp-size`` every figure is per rank.
     """
     from sglang_rq import layout
+    from sglang_rq.rotation import check_rotation_file
 
     p = argparse.ArgumentParser(prog="sglang-rq kv-size",
                                 description="KV-cache bytes per token for a model and KV format.")
@@ -52,8 +53,6 @@ def kv_size(argv: list[str]) -> int:
         p.error(f"--tp-size={args.tp_size} must be >= 1")
     shape = layout.ModelKVShape.from_hf_config(args.model_config, tp_size=args.tp_size)
     cfg = RQConfig.from_args(args)
-    from sglang_rq.rotation import check_rotation_file
-
     try:  # a rotation file `serve` would refuse (its bytes come from the shape alone)
         check_rotation_file(cfg, num_layers=shape.num_layers, num_kv_heads=shape.num_kv_heads,
                             head_dim=shape.head_dim, tp_size=args.tp_size)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang_rq.config import RQConfig, RQConfigError
+from sglang_rq.config import ROTATION_CHOICES, RQConfig, RQConfigError
 
 
 def _sylvester(n: int) -> torch.Tensor:
@@ -111,8 +111,6 @@ def check_rotation_file(cfg: RQConfig, *, num_layers: int, num_kv_heads: int, he
     RQConfigError
         Naming ``--rq-rotation`` and what is wrong with the file.
     """
-    from sglang_rq.config import ROTATION_CHOICES
-
     if not cfg.enabled or cfg.rotation in ROTATION_CHOICES:
         return
     if tp_size > 1:
