@@ -474,6 +474,9 @@ def prepare_environment(argv: list[str]) -> list[str]:
     check_local_model_path(_flag_value(rest, "--model-path", "--model"))
     if ours.rq_recurrences is not None:
         rest = with_recurrences(rest, ours.rq_recurrences)
+    # from config.json alone, before SGLang's import (13-38 s on a loaded 2-core host)
+    validate_against_model(cfg, _flag_value(rest, "--model-path", "--model"),
+                           tp_size=_tp_size(rest), overrides=_argv_overrides(rest))
     # the shape only where it decides a warning: a model the RQ format cannot shape (e.g. a
     # config nested under text_config) must still serve under --rq-disable
     shape = (_local_shape(rest) if cfg.enabled and _has_flag(argv, "--rq-unlooped-bits")
@@ -552,7 +555,7 @@ def with_recurrences(argv: list[str], recurrences: int) -> list[str]:
     return out + ["--json-model-override-args", json.dumps(overrides)]
 
 
-def validate_against_model(cfg: RQConfig, model_path: str, *, tp_size: int = 1,
+def validate_against_model(cfg: RQConfig, model_path: str | None, *, tp_size: int = 1,
                            overrides: dict | None = None) -> None:
     """Check the KV format against the model's ``config.json`` before any weights load: loop
     bits vs loop count, group size vs head_dim, loop groups (`layout.loop_segments`), KV heads
@@ -646,8 +649,6 @@ def main(argv: list[str] | None = None) -> None:
         from sglang_rq.plugin import validate_server_args
 
         validate_server_args(server_args)  # before any weights load
-        validate_against_model(cfg, server_args.model_path, tp_size=server_args.tp_size,
-                               overrides=json.loads(server_args.json_model_override_args or "{}"))
         check_kv_budget(cfg, server_args)
     if env.RQ_CANARY.get():  # the spec the canary will read, the model's own canary.json too
         try:  # (the fix's review: a malformed default spec was a traceback from install)

@@ -15,6 +15,7 @@ import pytest
 from sglang_rq.models.embedded import EMBEDDED_MODEL
 
 HUGINN = Path(EMBEDDED_MODEL).parent / "mini-huginn"
+OURO_ROTATION = Path(EMBEDDED_MODEL).parent / "mini-ouro-rotation.safetensors"
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -88,6 +89,11 @@ def test_calibrate_refuses_before_the_capture(tmp_path, args, needle):
     (["--model-path", "/nonexistent"], "--model-path=/nonexistent: no config.json there"),
     (["--formats", "rotation=/nonexistent.safetensors"],
      "--formats rotation=/nonexistent.safetensors: no such file"),
+    # session 44: a file the server refuses was found only when its server started, after the
+    # whole BF16 run (another model's rotation, or not safetensors)
+    (["--model-path", str(HUGINN), "--formats", f"rotation={OURO_ROTATION}"],
+     "rotation has shape"),
+    (["--formats", "rotation={tmp}/junk.safetensors"], "cannot read a 'rotation' tensor"),
     # a seventh new-user review (session 42): tracebacks (IndexError, FileNotFoundError, shlex's
     # ValueError after 13 s), a BF16-only run that exited 0, a 400 after a whole server run
     (["--datasets", ","], "--datasets=',' names none"),
@@ -97,6 +103,8 @@ def test_calibrate_refuses_before_the_capture(tmp_path, args, needle):
     (["--gen-prompts", "0"], "--gen-prompts must be >= 1"),
 ])
 def test_eval_refuses_before_serving(tmp_path, args, needle):
+    (tmp_path / "junk.safetensors").write_text("hello")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     r = _cli("eval", "--out", str(tmp_path / "o"), *args)
     assert r.returncode == 2 and needle in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "o").exists()
@@ -118,7 +126,7 @@ def test_kv_size_checks_a_rotation_file(tmp_path):
     """``kv-size --rq-rotation FILE`` read nothing of the file (its bytes come from the shape), so
     a missing one, one of another model's shape or one under ``--tp-size 2`` printed figures
     for a format that `serve` refuses (session 42's review, left then)."""
-    good = str(Path(EMBEDDED_MODEL).parent / "mini-ouro-rotation.safetensors")
+    good = str(OURO_ROTATION)
     base = ("kv-size", "--model-config", str(EMBEDDED_MODEL), "--rq-rotation")
     r = _cli(*base, str(tmp_path / "none.safetensors"))
     assert r.returncode == 2 and "cannot read a 'rotation' tensor" in r.stderr, r.stderr

@@ -358,6 +358,35 @@ def test_malformed_canary_file_is_refused_before_the_model_loads(clean_env, tmp_
     assert needle in str(err.value)
 
 
+def test_model_checks_come_before_sglang_is_imported(tmp_path):
+    """Session 44: the loop bits, the KV heads against --tp-size and the rotation file were
+    checked after SGLang's import (13-38 s on a loaded 2-core host); config.json alone decides
+    them, so the launcher refuses them before importing any of SGLang."""
+    import subprocess
+
+    from sglang_rq.models.embedded import EMBEDDED_MODEL
+
+    rot = EMBEDDED_MODEL.parent / "mini-ouro-rotation.safetensors"
+    probe = ("import sys\n"
+             "from sglang_rq.config import RQConfigError\n"
+             "from sglang_rq.launch_server import prepare_environment\n"
+             "try:\n"
+             "    prepare_environment(sys.argv[1:])\n"
+             "except RQConfigError as exc:\n"
+             "    print('refused:', exc)\n"
+             "print('sglang imported:', any(m.split('.')[0] == 'sglang' for m in sys.modules))\n")
+    for argv, reason in ((["--rq-rotation", str(tmp_path / "none.safetensors")],
+                          "--rq-rotation=.*none.safetensors"),
+                         (["--rq-loop-bits", "2,2"], "--rq-loop-bits gives 2 widths"),
+                         (["--rq-rotation", str(rot), "--tp-size", "2"],
+                          "not sharded across ranks")):
+        r = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert re.search("refused: .*" + reason, r.stdout), r.stdout
+        assert "sglang imported: False" in r.stdout
+
+
 def test_unreadable_or_non_finite_rotation_is_refused(tmp_path):
     """Found by a new-user review (12-05): a file that is not safetensors gave a traceback, and a
     rotation of the right shape full of NaN passed the orthogonality check (NaN > 1e-3 is false)

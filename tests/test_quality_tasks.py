@@ -98,8 +98,16 @@ def test_unknown_task_names_flag():
     ("gsm8k", b"nope\n", "line 1: not JSON"),
     ("mbpp", b'{"text": "x"}\n', "line 1: a JSON object with task_id, text, code, test_list is "
                                  "expected (no task_id, code, test_list)"),
-    ("arc_easy", b'{"question": {}, "answerKey": "A"}\n[1, 2]\n',
-     "line 2: a JSON object with question, answerKey is expected")])
+    ("arc_easy", b'{"question": {"stem": "s", "choices": []}, "answerKey": "A"}\n[1, 2]\n',
+     "line 2: a JSON object with question, answerKey is expected"),
+    # session 44: fields of the wrong type were TypeError tracebacks mid-run (robustness.md 11)
+    ("gsm8k", b'{"question": 5, "answer": "4"}\n', "line 1: question must be a string (got 5)"),
+    ("mbpp", b'{"task_id": "11", "text": "t", "code": "c", "test_list": []}\n',
+     'line 1: task_id must be an integer (got "11")'),
+    ("mbpp", b'{"task_id": 11, "text": "t", "code": "c", "test_list": "assert f()"}\n',
+     "line 1: test_list must be a list of strings"),
+    ("arc_easy", b'{"question": {"stem": "s", "choices": [{"label": "A"}]}, "answerKey": "A"}\n',
+     "line 1: question must be an object with a string stem and choices")])
 def test_malformed_data_files_name_the_file_and_flag(tmp_path, task, content, needle):
     """A seventh new-user review (session 42): a corrupt HumanEval .gz, an MBPP row without
     task_id and ARC rows that are lists were BadGzipFile, KeyError and TypeError tracebacks;

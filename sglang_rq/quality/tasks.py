@@ -163,15 +163,36 @@ def load_problems(task: str, data_dir: Path, limit: int) -> list[dict]:
     return rows[:limit]
 
 
-# the fields `grade` and `_mbpp_prompt` read from each task's rows
-FIELDS = {"gsm8k": ("question", "answer"), "math500": ("problem", "answer"),
-          "arc_easy": ("question", "answerKey"), "humaneval": ("prompt", "test", "entry_point"),
-          "mbpp": ("task_id", "text", "code", "test_list")}
+def _is_str(v) -> bool:
+    return isinstance(v, str)
 
 
-def _json_rows(path: Path, data_dir: Path, fields: tuple[str, ...]) -> list[dict]:
+def _is_str_list(v) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _is_choice_question(v) -> bool:
+    return (isinstance(v, dict) and isinstance(v.get("stem"), str)
+            and isinstance(v.get("choices"), list)
+            and all(isinstance(c, dict) and isinstance(c.get("label"), str)
+                    and isinstance(c.get("text"), str) for c in v["choices"]))
+
+
+_STR = ("a string", _is_str)
+# the fields `grade` and `_mbpp_prompt` read from each task's rows, with what each must hold
+FIELDS = {"gsm8k": {"question": _STR, "answer": _STR},
+          "math500": {"problem": _STR, "answer": _STR},
+          "arc_easy": {"question": ("an object with a string stem and choices of string label "
+                                    "and text", _is_choice_question), "answerKey": _STR},
+          "humaneval": {"prompt": _STR, "test": _STR, "entry_point": _STR},
+          "mbpp": {"task_id": ("an integer", lambda v: type(v) is int), "text": _STR,
+                   "code": _STR, "test_list": ("a list of strings", _is_str_list)}}
+
+
+def _json_rows(path: Path, data_dir: Path, fields: dict) -> list[dict]:
     """The JSON objects of the (gzip'd, for a ``.gz``) JSON-lines file ``path``, each holding
-    ``fields``. Raises ValueError naming the file, its line and ``--data-dir``."""
+    ``fields`` (name -> (what it must hold, its test)). Raises ValueError naming the file, its
+    line and ``--data-dir``."""
     try:
         raw = (gzip.decompress(path.read_bytes()) if path.suffix == ".gz"
                else path.read_bytes()).decode("utf-8")
@@ -189,6 +210,10 @@ def _json_rows(path: Path, data_dir: Path, fields: tuple[str, ...]) -> list[dict
         if missing:
             raise ValueError(f"--data-dir={data_dir}: {path} line {n}: a JSON object with "
                              f"{', '.join(fields)} is expected (no {', '.join(missing)})")
+        for name, (what, test) in fields.items():  # a review's TypeError tracebacks (12-06)
+            if not test(row[name]):
+                raise ValueError(f"--data-dir={data_dir}: {path} line {n}: {name} must be "
+                                 f"{what} (got {json.dumps(row[name])[:60]})")
         rows.append(row)
     return rows
 
