@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -582,29 +583,40 @@ def validate_against_model(cfg: RQConfig, model_path: str | None, *, tp_size: in
                         head_dim=shape.head_dim, tp_size=tp_size)
 
 
+# NOTE: SGLang 0.5.23 takes inputs of at most the pool's tokens - 6 (tp_worker: max_req_len =
+# tokens - 1, inputs up to max_req_len - 5) and warms up with a short prompt and 8 new tokens;
+# a budget under this many tokens failed that warm-up (rc 137) under --rq-disable.
+MIN_POOL_TOKENS = 64
+
+
 def check_kv_budget(cfg: RQConfig, server_args) -> None:
     """Refuse pool fixed bytes (the staging buffer for one forward's tokens and the rotation
     matrices, `layout.fixed_bytes`) past this machine's memory, and a ``--rq-kv-budget-gb`` that
-    leaves no token slot once they are taken from it (`layout.tokens_in_budget`): SGLang would
-    load the weights and then stop with its own advice to raise ``--mem-fraction-static``. Local
-    models only (a hub id's shape is known only when the pool is built).
+    leaves fewer than `MIN_POOL_TOKENS` token slots (nor one page) once they are taken from it
+    (`layout.tokens_in_budget`; BF16 cells under ``--rq-disable``): SGLang would load the
+    weights and then stop with its own advice to raise ``--mem-fraction-static``, or fail its
+    warm-up. Local models only (a hub id's shape is known only when the pool is built).
 
     Raises
     ------
     sglang_rq.config.RQConfigError
-        Naming the flag, the fixed bytes and the memory, or the least budget that holds one
-        page.
+        Naming the flag, the fixed bytes and the memory, or the least budget.
     """
     budget_gb = env.RQ_KV_BUDGET_GB.get()
     hf = _local_model_config(server_args.model_path,
                              json.loads(server_args.json_model_override_args or "{}"))
-    if not cfg.enabled or hf is None:
+    if hf is None:
         return
     from sglang_rq import layout
     from sglang_rq.plugin import staging_tokens_for
 
-    shape = layout.ModelKVShape.from_hf_config(hf, tp_size=server_args.tp_size)
-    staging = staging_tokens_for(server_args)
+    try:
+        shape = layout.ModelKVShape.from_hf_config(hf, tp_size=server_args.tp_size)
+    except RQConfigError:
+        if cfg.enabled:
+            raise
+        return  # a model the RQ format cannot shape still serves under --rq-disable
+    staging = staging_tokens_for(server_args) if cfg.enabled else 0
     fixed = layout.fixed_bytes(shape, cfg, staging_tokens=staging)
     total, where = _memory_bytes()
     if fixed > total:  # a review's --rq-staging-tokens 10^11
@@ -613,14 +625,16 @@ def check_kv_budget(cfg: RQConfig, server_args) -> None:
                             f"exceed {where}'s {total / 2**30:.1f} GiB")
     if not budget_gb or budget_gb <= 0:
         return
-    page = max(1, server_args.page_size or 1)
-    if layout.tokens_in_budget(shape, cfg, budget_bytes=int(budget_gb * 2**30),
-                               staging_tokens=staging) < page:
-        least = fixed + page * layout.kv_bytes_per_token(shape, cfg)
+    need = max(MIN_POOL_TOKENS, server_args.page_size or 1)
+    tokens = layout.tokens_in_budget(shape, cfg, budget_bytes=int(budget_gb * 2**30),
+                                     staging_tokens=staging)
+    if tokens < need:
+        least = fixed + need * layout.kv_bytes_per_token(shape, cfg)
+        taken = (f"; the pool's fixed bytes take {fixed / 2**30:.4f} GiB (staging for {staging} "
+                 "tokens per forward, rotations)" if fixed else "")
         raise RQConfigError(
-            f"--rq-kv-budget-gb={budget_gb} leaves no token slot: the pool's fixed bytes take "
-            f"{fixed / 2**30:.4f} GiB (staging for {staging} tokens per forward, rotations); "
-            f"give more than {least / 2**30:.4f} GiB")
+            f"--rq-kv-budget-gb={budget_gb} holds {tokens} tokens, fewer than the {need} a "
+            f"server needs{taken}; give at least {math.ceil(least / 2**30 * 1e4) / 1e4:.4f} GiB")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -649,7 +663,7 @@ def main(argv: list[str] | None = None) -> None:
         from sglang_rq.plugin import validate_server_args
 
         validate_server_args(server_args)  # before any weights load
-        check_kv_budget(cfg, server_args)
+    check_kv_budget(cfg, server_args)
     if env.RQ_CANARY.get():  # the spec the canary will read, the model's own canary.json too
         try:  # (the fix's review: a malformed default spec was a traceback from install)
             load_spec_for(server_args.model_path, env.RQ_CANARY_FILE.get())

@@ -145,8 +145,25 @@ def test_budget_below_the_fixed_bytes_is_refused_before_weights_load():
                         "0.00001", "--port", "1", *CPU_SIZES], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 2, r.stderr[-2000:]
-    assert "error: --rq-kv-budget-gb=1e-05 leaves no token slot" in r.stderr, r.stderr[-2000:]
+    assert "error: --rq-kv-budget-gb=1e-05 holds 0 tokens, fewer than the 64 a server needs"\
+        in r.stderr, r.stderr[-2000:]
     assert "(staging for 2048 tokens per forward, rotations)" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bf16_budget_below_what_sglang_warms_up_with_is_refused():
+    """Session 44 (robustness.md 11, left since session 42): under --rq-disable,
+    ``--rq-kv-budget-gb 0.0001`` loaded the weights, SGLang sized a BF16 pool of 3 tokens (its
+    log: "#tokens: 3"), refused its own warm-up request ("maximum allowed length (-3 tokens)")
+    and was killed (rc 137)."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "sglang_rq.launch_server", "--rq-disable",
+                        "--rq-kv-budget-gb", "0.0001", "--port", "1", *CPU_SIZES],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "error: --rq-kv-budget-gb=0.0001 holds 3 tokens, fewer than the 64 a server needs; "\
+        "give at least" in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
 
 
