@@ -478,6 +478,8 @@ def prepare_environment(argv: list[str]) -> list[str]:
     # from config.json alone, before SGLang's import (13-38 s on a loaded 2-core host)
     validate_against_model(cfg, _flag_value(rest, "--model-path", "--model"),
                            tp_size=_tp_size(rest), overrides=_argv_overrides(rest))
+    if cfg.enabled and ours.rq_staging_tokens and (local := _local_shape(rest)) is not None:
+        check_fixed_bytes(local, cfg, ours.rq_staging_tokens)  # the flag's; SGLang's later
     # the shape only where it decides a warning: a model the RQ format cannot shape (e.g. a
     # config nested under text_config) must still serve under --rq-disable
     shape = (_local_shape(rest) if cfg.enabled and _has_flag(argv, "--rq-unlooped-bits")
@@ -583,6 +585,27 @@ def validate_against_model(cfg: RQConfig, model_path: str | None, *, tp_size: in
                         head_dim=shape.head_dim, tp_size=tp_size)
 
 
+def check_fixed_bytes(shape: ModelKVShape, cfg: RQConfig, staging_tokens: int) -> int:
+    """The pool's fixed bytes (`layout.fixed_bytes`: staging for ``staging_tokens`` tokens per
+    forward, rotations).
+
+    Raises
+    ------
+    sglang_rq.config.RQConfigError
+        When they exceed this machine's memory (a review's ``--rq-staging-tokens`` 10^11:
+        SGLang loaded the weights, then stopped, rc 137), naming the flag.
+    """
+    from sglang_rq import layout
+
+    fixed = layout.fixed_bytes(shape, cfg, staging_tokens=staging_tokens)
+    total, where = _memory_bytes()
+    if fixed > total:
+        raise RQConfigError(f"the pool's fixed bytes ({fixed / 2**30:.1f} GiB: staging for "
+                            f"{staging_tokens} tokens per forward, --rq-staging-tokens, and "
+                            f"rotations) exceed {where}'s {total / 2**30:.1f} GiB")
+    return fixed
+
+
 # NOTE: SGLang 0.5.23 takes inputs of at most the pool's tokens - 6 (tp_worker: max_req_len =
 # tokens - 1, inputs up to max_req_len - 5) and warms up with a short prompt and 8 new tokens;
 # a budget under this many tokens failed that warm-up (rc 137) under --rq-disable.
@@ -617,12 +640,7 @@ def check_kv_budget(cfg: RQConfig, server_args) -> None:
             raise
         return  # a model the RQ format cannot shape still serves under --rq-disable
     staging = staging_tokens_for(server_args) if cfg.enabled else 0
-    fixed = layout.fixed_bytes(shape, cfg, staging_tokens=staging)
-    total, where = _memory_bytes()
-    if fixed > total:  # a review's --rq-staging-tokens 10^11
-        raise RQConfigError(f"the pool's fixed bytes ({fixed / 2**30:.1f} GiB: staging for "
-                            f"{staging} tokens per forward, --rq-staging-tokens, and rotations) "
-                            f"exceed {where}'s {total / 2**30:.1f} GiB")
+    fixed = check_fixed_bytes(shape, cfg, staging)
     if not budget_gb or budget_gb <= 0:
         return
     need = max(MIN_POOL_TOKENS, server_args.page_size or 1)

@@ -376,9 +376,10 @@ def test_malformed_canary_file_is_refused_before_the_model_loads(clean_env, tmp_
 
 
 def test_model_checks_come_before_sglang_is_imported(tmp_path):
-    """Session 44: the loop bits, the KV heads against --tp-size and the rotation file were
-    checked after SGLang's import (13-38 s on a loaded 2-core host); config.json alone decides
-    them, so the launcher refuses them before importing any of SGLang."""
+    """Session 44: the loop bits, the KV heads against --tp-size, the rotation file and the
+    fixed bytes of a given --rq-staging-tokens were checked after SGLang's import (13-38 s on a
+    loaded 2-core host); config.json and the flags alone decide them, so the launcher refuses
+    them before importing any of SGLang."""
     import subprocess
 
     from sglang_rq.models.embedded import EMBEDDED_MODEL
@@ -396,7 +397,8 @@ def test_model_checks_come_before_sglang_is_imported(tmp_path):
                           "--rq-rotation=.*none.safetensors"),
                          (["--rq-loop-bits", "2,2"], "--rq-loop-bits gives 2 widths"),
                          (["--rq-rotation", str(rot), "--tp-size", "2"],
-                          "not sharded across ranks")):
+                          "not sharded across ranks"),
+                         (["--rq-staging-tokens", "100000000000"], "the pool's fixed bytes")):
         r = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True,
                            timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]
