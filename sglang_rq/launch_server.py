@@ -475,15 +475,13 @@ def prepare_environment(argv: list[str]) -> list[str]:
     check_local_model_path(_flag_value(rest, "--model-path", "--model"))
     if ours.rq_recurrences is not None:
         rest = with_recurrences(rest, ours.rq_recurrences)
-    # from config.json alone, before SGLang's import (13-38 s on a loaded 2-core host)
-    validate_against_model(cfg, _flag_value(rest, "--model-path", "--model"),
-                           tp_size=_tp_size(rest), overrides=_argv_overrides(rest))
-    if cfg.enabled and ours.rq_staging_tokens and (local := _local_shape(rest)) is not None:
-        check_fixed_bytes(local, cfg, ours.rq_staging_tokens)  # the flag's; SGLang's later
-    # the shape only where it decides a warning: a model the RQ format cannot shape (e.g. a
-    # config nested under text_config) must still serve under --rq-disable
-    shape = (_local_shape(rest) if cfg.enabled and _has_flag(argv, "--rq-unlooped-bits")
-             else None)
+    # from config.json alone, before SGLang's import (13-38 s on a loaded 2-core host); no
+    # shape under --rq-disable (a model the RQ format cannot shape, e.g. a config nested under
+    # text_config, must still serve) or for a hub id
+    shape = validate_against_model(cfg, _flag_value(rest, "--model-path", "--model"),
+                                   tp_size=_tp_size(rest), overrides=_argv_overrides(rest))
+    if shape is not None and ours.rq_staging_tokens:
+        check_fixed_bytes(shape, cfg, ours.rq_staging_tokens)  # the flag's; SGLang's later
     for why, ignored in ignored_flags(argv, cfg, shape):
         print(f"sglang-rq: warning: {why}; ignoring {', '.join(ignored)}", file=sys.stderr)
     # NOTE: SGLang 0.5.23 notices a vanished HTTP client only when its per-request wait times
@@ -559,7 +557,7 @@ def with_recurrences(argv: list[str], recurrences: int) -> list[str]:
 
 
 def validate_against_model(cfg: RQConfig, model_path: str | None, *, tp_size: int = 1,
-                           overrides: dict | None = None) -> None:
+                           overrides: dict | None = None) -> ModelKVShape | None:
     """Check the KV format against the model's ``config.json`` before any weights load: loop
     bits vs loop count, group size vs head_dim, loop groups (`layout.loop_segments`), KV heads
     vs ``--tp-size`` (the pool shards heads across ranks) and a rotation file's presence,
@@ -567,7 +565,8 @@ def validate_against_model(cfg: RQConfig, model_path: str | None, *, tp_size: in
     refused with ``--tp-size`` > 1). A model that is not a local directory (a hub id) is
     checked later, when the pool is built. ``overrides`` are SGLang's
     ``--json-model-override-args`` (e.g. Huginn's ``mean_recurrence``), applied to the config
-    first.
+    first. Returns the model's KV shape on one rank, or None where nothing was checked
+    (``--rq-disable``, a hub id).
 
     Raises
     ------
@@ -576,13 +575,14 @@ def validate_against_model(cfg: RQConfig, model_path: str | None, *, tp_size: in
     """
     shape = _local_model_shape(model_path, overrides, tp_size) if cfg.enabled else None
     if shape is None:
-        return
+        return None
     from sglang_rq.layout import kv_stacks
     from sglang_rq.rotation import check_rotation_file
 
     kv_stacks(shape, cfg)
     check_rotation_file(cfg, num_layers=shape.num_layers, num_kv_heads=shape.num_kv_heads,
                         head_dim=shape.head_dim, tp_size=tp_size)
+    return shape
 
 
 def check_fixed_bytes(shape: ModelKVShape, cfg: RQConfig, staging_tokens: int) -> int:
