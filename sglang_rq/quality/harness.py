@@ -80,20 +80,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                 "directory)")
     try:
         a.format_names = ladder.resolve(a.formats)
+        shape = None  # the model's, read once, where a rotation file is given
         for name in a.format_names:  # a file the server would refuse after the BF16 run
-            if name.startswith("rotation="):
-                if not Path(name.split("=", 1)[1]).is_file():
-                    raise ValueError(f"--formats {name}: no such file")
-                from sglang_rq.rotation import check_rotation_file
+            if not name.startswith("rotation="):
+                continue
+            path = name.split("=", 1)[1]
+            if not Path(path).is_file():
+                raise ValueError(f"--formats {name}: no such file")
+            from sglang_rq.rotation import check_rotation_file
 
-                shape = ModelKVShape.from_hf_config(a.model_path)
-                try:
-                    check_rotation_file(ladder.rq_config(ladder.flags_for(name)),
-                                        num_layers=shape.num_layers,
-                                        num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim)
-                except RQConfigError as exc:  # named by the flag this command takes
-                    raise ValueError(str(exc).replace(f"--rq-rotation={name[9:]}",
-                                                      f"--formats {name}")) from None
+            shape = shape or ModelKVShape.from_hf_config(a.model_path)
+            try:
+                check_rotation_file(ladder.rq_config(ladder.flags_for(name)),
+                                    num_layers=shape.num_layers,
+                                    num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim)
+            except RQConfigError as exc:  # named by the flag this command takes
+                raise ValueError(str(exc).replace(f"--rq-rotation={path}",
+                                                  f"--formats {name}")) from None
         a.dataset_names = [d.strip() for d in a.datasets.split(",") if d.strip()]
         if not a.dataset_names:
             raise ValueError(f"--datasets={a.datasets!r} names none; choose from "
