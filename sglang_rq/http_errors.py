@@ -1,5 +1,6 @@
 """HTTP-level request refusals of the main server process: validation errors without server
-internals (`install`), and a cap on the request body (`install_body_limit`).
+internals (`install`), a cap on the request body (`install_body_limit`), and a 400 for a JSON
+body that is not an object where SGLang's request model fails on one (`install_object_bodies`).
 
 SGLang 0.5.23 answers a request that fails validation (a field of the wrong type, a missing one,
 malformed JSON, a wrong content type) with 400 and ``str(exc)`` of FastAPI's
@@ -101,10 +102,7 @@ class BodyLimit:
             if not message.get("more_body", False):
                 break
 
-        async def replay() -> dict:
-            return held.pop(0) if held else await receive()
-
-        return await self.app(scope, replay, send)
+        return await self.app(scope, replayer(held, receive), send)
 
     async def _refuse(self, receive: Any, send: Any, declared: int | None, more: bool,
                       unsent: bool = False) -> None:
@@ -121,16 +119,114 @@ class BodyLimit:
             pass
         unread = unsent or more
         size = f"is {declared} bytes, above" if declared is not None else "runs past"
-        body = json.dumps({
-            "object": "error", "type": "RequestTooLargeError", "param": None, "code": 413,
-            "message": f"the request body {size} this server's limit of {self.max_bytes} bytes "
-                       "(--rq-max-request-bytes)"}).encode()
-        headers = [(b"content-type", b"application/json"),
-                   (b"content-length", str(len(body)).encode())]
-        if unread:  # the rest of the body may still come: this connection cannot carry another
-            headers.append((b"connection", b"close"))
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, 413, "RequestTooLargeError",
+                         f"the request body {size} this server's limit of {self.max_bytes} bytes "
+                         "(--rq-max-request-bytes)",
+                         close=unread)  # the rest may still come: the connection can carry no other
+
+
+async def send_error(send: Any, status: int, kind: str, message: str, close: bool = False) -> None:
+    """Answer an ASGI HTTP request with SGLang's error shape (``object``, ``type``, ``param``,
+    ``code``, ``message``); ``close``: with ``Connection: close``."""
+    body = json.dumps({"object": "error", "type": kind, "param": None, "code": status,
+                       "message": message}).encode()
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def replayer(held: list, receive: Any) -> Any:
+    """An ASGI ``receive`` that hands out the ``held`` messages first, then ``receive``'s."""
+    async def replay() -> dict:
+        return held.pop(0) if held else await receive()
+
+    return replay
+
+
+class ObjectBody:
+    """ASGI middleware: answer 400 to a POST on one of ``paths`` whose body is JSON but not an
+    object (an array, string, number, ``true``/``false`` or ``null``).
+
+    SGLang 0.5.23's ``ChatCompletionRequest`` (``/v1/chat/completions``, ``/invocations``) runs
+    "before" validators that call ``values.get`` on the raw body, so such a body raised
+    ``AttributeError`` inside validation and was answered 500 (docs/robustness.md section 3).
+    A body whose first non-blank byte is ``{`` passes unparsed; any other is parsed once (it is
+    bounded by `BodyLimit`), and a malformed one passes on to SGLang's own 400.
+    """
+
+    def __init__(self, app: Any, paths: frozenset[str]) -> None:
+        self.app, self.paths = app, paths
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.paths:
+            return await self.app(scope, receive, send)
+        held, chunks = [], []
+        while True:
+            message = await receive()
+            held.append(message)
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        if body.lstrip()[:1] != b"{":
+            try:
+                value = json.loads(body)
+            except ValueError:  # malformed JSON or text (UnicodeDecodeError too): SGLang's 400
+                value = {}
+            if not isinstance(value, dict):
+                return await send_error(send, 400, "BadRequestError",
+                                        "the request body must be a JSON object, got "
+                                        f"{JSON_KINDS[type(value)]}")
+        return await self.app(scope, replayer(held, receive), send)
+
+
+JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number",
+              bool: "a boolean", type(None): "null"}
+
+
+def _fails_outside_validation(model: Any) -> bool:
+    """Whether pydantic ``model`` answers a JSON array with an exception other than its
+    ``ValidationError`` (which SGLang turns into a 400; any other is a 500)."""
+    import pydantic
+
+    try:
+        model.model_validate([])
+    except pydantic.ValidationError:
+        return False
+    except Exception:  # noqa: BLE001 - exactly the ones that escape validation
+        return True
+    return False
+
+
+def install_object_bodies(app: Any) -> frozenset[str]:
+    """Put `ObjectBody` on the FastAPI ``app``'s POST routes whose body model fails outside
+    validation on a non-object body (`_fails_outside_validation`; SGLang 0.5.23:
+    ``ChatCompletionRequest``'s routes). Returns those routes' paths.
+
+    Raises
+    ------
+    RuntimeError
+        If the app has already started (its middleware stack is built).
+    """
+    import pydantic
+    from starlette.middleware import Middleware
+
+    if app.middleware_stack is not None:
+        raise RuntimeError("sglang-rq: the object-body check must be installed before the HTTP "
+                           "app starts")
+    paths = frozenset(  # FastAPI's own reading of each route's body parameters
+        route.path for route in app.routes if "POST" in getattr(route, "methods", ())
+        for field in getattr(route, "dependant", None) and route.dependant.body_params or ()
+        if isinstance(model := field.field_info.annotation, type)
+        and issubclass(model, pydantic.BaseModel) and _fails_outside_validation(model))
+    if paths:
+        app.user_middleware.append(Middleware(ObjectBody, paths=paths))
+    return paths
 
 
 def install_body_limit(app: Any, max_bytes: int) -> None:

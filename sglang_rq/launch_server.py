@@ -699,6 +699,7 @@ def main(argv: list[str] | None = None) -> None:
     install(app, server_args)  # /rq/ready + canary thread (single-tokenizer HTTP server)
     http_errors.install(app)  # validation errors without the server's file paths
     http_errors.install_body_limit(app, env.RQ_MAX_REQUEST_BYTES.get())
+    http_errors.install_object_bodies(app)  # inside the limit: sees a bounded body
     run_server(server_args)
 
 

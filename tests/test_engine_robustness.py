@@ -128,9 +128,12 @@ CASES: list[tuple[str, str, object, int]] = [
     ("malformed-json-generate", GEN, b'{"text": "hi",', 400),
     ("malformed-json-completions", CMPL, b'{"model": "m", "prompt": ', 400),
     ("malformed-json-chat", CHAT, b'{"messages": [', 400),
-    # SGLang 0.5.23: a JSON array instead of an object on the chat route is a 500 (its handler
-    # assumes a dict), not a 4xx; asserted as is. The server keeps serving.
-    ("not-an-object-chat", CHAT, b'[1, 2, 3]', 500),
+    # SGLang 0.5.23: a body that is not a JSON object on the chat route was a 500 (its request
+    # model's validators assume a dict); `http_errors.ObjectBody` answers 400
+    ("not-an-object-chat", CHAT, b'[1, 2, 3]', 400),
+    ("string-body-chat", CHAT, b'"hi"', 400),
+    ("null-body-chat", CHAT, b'null', 400),
+    ("not-an-object-invocations", "/invocations", b'[{"role": "user"}]', 400),
     ("invalid-utf8-completions", CMPL, b'{"model": "m", "prompt": "\xff\xfe\xfa"}', 400),
     ("invalid-utf8-generate", GEN, b'{"text": "\xc3\x28"}', 400),
     ("prompt-wrong-type", CMPL, {"model": "m", "prompt": {"a": 1}}, 400),

@@ -154,3 +154,54 @@ def test_body_limit_keeps_the_connection_when_the_last_chunk_crosses_the_limit()
 def test_body_limit_refuses_a_limit_below_one():
     with pytest.raises(ValueError, match="--rq-max-request-bytes"):
         http_errors.install_body_limit(fastapi.FastAPI(), 0)
+
+
+def _chat_app(calls: list) -> fastapi.FastAPI:
+    """SGLang 0.5.23's real chat request model behind a FastAPI route, as SGLang declares it."""
+    protocol = pytest.importorskip("sglang.srt.entrypoints.openai.protocol")
+    app = fastapi.FastAPI()
+
+    async def chat(request, raw_request) -> dict:
+        calls.append(request.messages[0].content)
+        return {"ok": True}
+
+    # the types themselves (this module's annotations are strings FastAPI cannot resolve here)
+    chat.__annotations__ = {"request": protocol.ChatCompletionRequest,
+                            "raw_request": fastapi.Request, "return": dict}
+    app.post("/v1/chat/completions")(chat)
+
+    @app.post("/v1/completions")
+    async def completions(body: Body) -> dict:
+        return {"ok": body.max_tokens}
+
+    return app
+
+
+@pytest.mark.parametrize("body,kind", [(b"[1, 2, 3]", "an array"), (b' "hi"', "a string"),
+                                       (b"3", "a number"), (b"null", "null"),
+                                       (b"true", "a boolean")])
+def test_chat_body_that_is_not_an_object_is_a_400_not_a_500(body, kind):
+    """The fuzz test's finding: SGLang 0.5.23's ``ChatCompletionRequest`` validators call
+    ``values.get`` on the raw body, so a JSON array was an ``AttributeError`` and a 500."""
+    calls: list = []
+    js = {"content-type": "application/json"}
+    bare = TestClient(_chat_app(calls), raise_server_exceptions=False)
+    assert bare.post("/v1/chat/completions", content=body, headers=js).status_code == 500
+    app = _chat_app(calls)
+    assert http_errors.install_object_bodies(app) == {"/v1/chat/completions"}  # not the other
+    client = TestClient(app)
+    r = client.post("/v1/chat/completions", content=body, headers=js)
+    assert r.status_code == 400 and r.json()["code"] == 400
+    assert r.json()["message"] == f"the request body must be a JSON object, got {kind}"
+    ok = client.post("/v1/chat/completions",
+                     json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert ok.json() == {"ok": True} and calls == ["hi"]  # an object passes whole
+    for path, bad in (("/v1/chat/completions", b'{"messages": ['), ("/v1/completions", b"[1]")):
+        assert client.post(path, content=bad, headers=js).status_code == 422  # FastAPI's own
+
+
+def test_object_body_check_refuses_a_started_app():
+    app = _chat_app([])
+    TestClient(app).post("/v1/completions", json={"prompt": "x"})  # builds the middleware stack
+    with pytest.raises(RuntimeError, match="before the HTTP app starts"):
+        http_errors.install_object_bodies(app)
