@@ -244,14 +244,24 @@ class Canary:
         self._stop.set()
 
     def _wait_healthy(self) -> None:
+        """Poll ``/health`` until it answers 200, logging each new reason it did not (a URL
+        the canary cannot reach left ``/rq/ready`` at "has not run yet" without a word)."""
         import requests
 
+        said = ""
         while not self._stop.is_set():
             try:
-                if requests.get(self.url + "/health", timeout=5).status_code == 200:
+                code = requests.get(self.url + "/health", timeout=5).status_code
+                if code == 200:
                     return
-            except requests.RequestException:
-                pass
+                why = f"HTTP {code}"
+            except requests.RequestException as exc:
+                why = type(exc).__name__
+                if not isinstance(exc, requests.ConnectionError) or "Errno 111" not in str(exc):
+                    why = f"{why}: {exc}"  # not the server still starting (connection refused)
+            if why != said:
+                logger.info("sglang-rq canary: %s/health not ready yet (%s)", self.url, why[:300])
+                said = why
             self._stop.wait(2.0)
 
     def _loop(self) -> None:
@@ -359,8 +369,7 @@ def install(app: Any, server_args: Any) -> Canary:
     """
     from fastapi.responses import JSONResponse
 
-    host = server_args.host if server_args.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
-    url = f"http://{host}:{server_args.port}"
+    url = server_args.url()  # SGLang's own: loopback for a wildcard host, [v6] brackets, https
     enabled = env.RQ_CANARY.get()
     spec, stale = (load_spec_for(server_args.model_path, env.RQ_CANARY_FILE.get()) if enabled
                    else (None, ""))
@@ -398,7 +407,11 @@ def _publish_disabled_format(url: str, server_args: Any) -> None:
         from sglang_rq.layout import ModelKVShape, bf16_bytes_per_token
 
         shape = ModelKVShape.from_hf_config(Path(server_args.model_path) / "config.json")
-        info = requests.get(url + "/get_server_info", timeout=30).json()
+        key = getattr(server_args, "api_key", None)  # --api-key guards this route
+        info = requests.get(url + "/get_server_info", timeout=30,
+                            headers={"Authorization": f"Bearer {key}"} if key else {})
+        info.raise_for_status()  # not a 401 body read as a pool of 0 tokens
+        info = info.json()
         tokens = int(info.get("max_total_num_tokens") or 0)
         metrics.publish_kv_format(cfg=cfg, shape=shape, page_size=server_args.page_size or 1,
                                   staging_tokens=0, pool_tokens=tokens,

@@ -341,7 +341,8 @@ def check_sglang_flags(argv: list[str]) -> None:
     ------
     sglang_rq.config.RQConfigError
         Naming the flag argparse refused, and for an unknown flag the closest known ones; or a
-        ``--max-total-tokens`` at or below zero (`positive_error`).
+        ``--max-total-tokens``, ``--page-size``, ``--context-length`` or
+        ``--max-running-requests`` at or below zero (`positive_error`).
     """
     if _has_flag(argv, "--config"):
         return
@@ -362,10 +363,16 @@ def check_sglang_flags(argv: list[str]) -> None:
         hint = f"; did you mean {' or '.join(hints)}?" if hints else ""
         raise RQConfigError(f"{exc}{hint} (`sglang-rq serve --help` lists the --rq-* flags, "
                             "`python -m sglang.launch_server --help` SGLang's)") from None
-    # SGLang 0.5.23 loads the model, then ends with "Not enough memory. Please try to increase
-    # --mem-fraction-static" and a SIGKILL (a new-user review, 12-06)
-    if (err := positive_error("--max-total-tokens", parsed.max_total_tokens)) is not None:
-        raise RQConfigError(err)
+    # SGLang 0.5.23 does not check these: --max-total-tokens 0 loads the model, then ends with
+    # "Not enough memory. Please try to increase --mem-fraction-static" and a SIGKILL;
+    # --page-size 0 and --context-length 0 divide by zero (a traceback, or rc 137 from the
+    # scheduler); --max-running-requests 0 served one request at a time (new-user reviews, 12-06)
+    for flag, value in (("--max-total-tokens", parsed.max_total_tokens),
+                        ("--page-size", parsed.page_size),
+                        ("--context-length", parsed.context_length),
+                        ("--max-running-requests", parsed.max_running_requests)):
+        if (err := positive_error(flag, value)) is not None:
+            raise RQConfigError(err)
 
 
 def refuse_cpu_tensor_parallel(argv: list[str]) -> None:

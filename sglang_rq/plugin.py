@@ -18,7 +18,9 @@ out-of-vocabulary ``input_ids``, or ``"text": ""``, on ``/generate`` killed the 
 log-probability requests the scheduler cannot serve and a ``top_k`` of 0 or below -1 at any
 temperature,
 ``GenerateReqInput._handle_parallel_sampling`` (AROUND: an ``n`` that is not an integer in
-``[1, --rq-max-n]`` is refused with a 400 before the request is copied n times), and
+``[1, --rq-max-n]`` is refused with a 400 before the request is copied n times),
+``sglang.srt.utils.auth.decide_request_auth`` (AROUND: the readiness probe ``/rq/ready`` needs no
+``--api-key``, as SGLang's ``/health`` and ``/ready`` need none), and
 ``CpuDeviceMixin.empty_cache`` (AFTER: ``malloc_trim(0)``, so ``/flush_cache`` on a CPU server
 returns the C heap's free pages to the OS; docs/robustness.md section 6).
 
@@ -45,7 +47,11 @@ HOOK_TARGETS = (
     "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
     "sglang.srt.platforms.cpu.CpuDeviceMixin.empty_cache",
     "sglang.srt.managers.io_struct.GenerateReqInput._handle_parallel_sampling",
+    "sglang.srt.utils.auth.decide_request_auth",
 )
+# NOTE: SGLang 0.5.23 lets probes past --api-key by path prefix (/health, /ready, /metrics); the
+# readiness probe of the shipped manifests and router is /rq/ready (canary.install).
+PROBE_PATHS = ("/rq/ready",)
 RQ_BACKENDS = ("rq_native", "rq_triton")
 
 
@@ -69,7 +75,9 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     cfg = RQConfig.from_json(raw)
-    targets = [HOOK_TARGETS[2], HOOK_TARGETS[4], HOOK_TARGETS[5], HOOK_TARGETS[6]]
+    targets = [HOOK_TARGETS[2], HOOK_TARGETS[4], HOOK_TARGETS[5], HOOK_TARGETS[6],
+               HOOK_TARGETS[7]]
+    HookRegistry.register(HOOK_TARGETS[7], _probe_auth_hook, HookType.AROUND)
     HookRegistry.register(HOOK_TARGETS[2], _budget_hook, HookType.AROUND)
     HookRegistry.register(HOOK_TARGETS[4], _input_ids_hook, HookType.AROUND)
     HookRegistry.register(HOOK_TARGETS[5], _trim_heap_hook, HookType.AFTER)
@@ -247,6 +255,18 @@ def _budget_hook(original, self, pre_model_load_memory):
     return budget
 
 
+def _probe_auth_hook(original, *args, **kwargs):
+    """AROUND ``sglang.srt.utils.auth.decide_request_auth`` (keyword arguments ``method``,
+    ``path``, ...): a GET of `PROBE_PATHS` is allowed without a key, as SGLang allows its own
+    ``/health`` and ``/ready``; everything else is SGLang's decision. Under ``--api-key`` the
+    readiness probe was a 401, so no worker ever became ready (a new-user review, 12-06)."""
+    if kwargs.get("method") == "GET" and kwargs.get("path") in PROBE_PATHS:
+        from sglang.srt.utils.auth import AuthDecision
+
+        return AuthDecision(allowed=True)
+    return original(*args, **kwargs)
+
+
 def _input_ids_hook(original, self, obj, input_ids, *args, **kwargs):
     """AROUND ``TokenizerManager._validate_one_request``: refuse token ids outside the
     vocabulary, a prompt of no tokens, and log-probability requests the scheduler cannot serve,
@@ -272,7 +292,8 @@ def _input_ids_hook(original, self, obj, input_ids, *args, **kwargs):
         the scheduler's top-k (``k out of range``) or its input-logprob assertion killed the
         whole server (found by a new-user review, 12-05). And a ``top_k`` of 0 or below -1
         at temperature 0, where SGLang 0.5.23 sets ``top_k = 1`` before its own check, so only
-        a sampled request was refused (a new-user review, 12-06).
+        a sampled request was refused (a new-user review, 12-06). And ``input_embeds`` rows
+        that are not the model's hidden size (`_check_input_embeds`).
     """
     multimodal = getattr(obj, "contains_mm_input", None)
     if (input_ids is not None and len(input_ids) == 0
@@ -280,6 +301,7 @@ def _input_ids_hook(original, self, obj, input_ids, *args, **kwargs):
             and getattr(obj, "input_embeds", None) is None):
         raise ValueError("the prompt is empty (no tokens after tokenization): send at least one "
                          "token")
+    _check_input_embeds(getattr(obj, "input_embeds", None), self.model_config.hidden_size)
     vocab = self.model_config.vocab_size
     _check_logprob_args(obj, vocab)
     _check_top_k(obj)
@@ -290,6 +312,23 @@ def _input_ids_hook(original, self, obj, input_ids, *args, **kwargs):
             raise ValueError(f"input_ids holds token id {bad}, outside the model's vocabulary "
                              f"[0, {vocab})")
     return original(self, obj, input_ids, *args, **kwargs)
+
+
+def _check_input_embeds(embeds, hidden: int) -> None:
+    """Raise ValueError unless one request's ``input_embeds`` (None, or ``[tokens][hidden]``
+    numbers) holds at least one row and every row ``hidden`` numbers. SGLang 0.5.23 checks
+    neither: a row of 2 values for a model of hidden size 512 reached the model's first norm in
+    the scheduler, and every process exited (a new-user review, 12-06)."""
+    if embeds is None:
+        return
+    if not isinstance(embeds, list) or not embeds:
+        raise ValueError("input_embeds is empty: send one row of the model's hidden size "
+                         f"({hidden} numbers) per token")
+    for i, row in enumerate(embeds):
+        if not isinstance(row, list) or len(row) != hidden:
+            got = f"{len(row)} values" if isinstance(row, list) else f"a {type(row).__name__}"
+            raise ValueError(f"input_embeds row {i} holds {got}: each row must hold the model's "
+                             f"hidden size, {hidden} numbers")
 
 
 def _per_prompt(value) -> list:

@@ -6,7 +6,9 @@ SmolLM tokenizer; its canary spec is recorded from the fp32 reference model. Two
 * ``rq``: ResidualQuant pool, ``--enable-metrics``, the recorded canary: ``/metrics`` must carry
   the hand-computed bytes per token next to SGLang's families, ``/rq/ready`` must be 200;
 * ``bad``: ``--rq-disable`` with a canary whose expected answer is wrong: ``/rq/ready`` must be
-  503 while ``/health`` stays 200, and the BF16 format is published from the HTTP process.
+  503 while ``/health`` stays 200, and the BF16 format is published from the HTTP process; it
+  runs under ``--api-key`` (`API_KEY`), which the canary and that publication must carry and the
+  readiness probe must not need.
 
 ``SGLANG_RQ_UPDATE_CAPTURE=1`` rewrites ``tests/data/metrics_capture.txt`` from the ``rq`` server.
 """
@@ -36,6 +38,7 @@ LAYERS, LOOPS, KV_HEADS, D, G = 2, 4, 2, 32, 32
 CHUNK, RUNNING = 256, 8
 FLAGS = ["--enable-metrics", "--max-total-tokens", "4096", "--chunked-prefill-size", str(CHUNK),
          "--max-running-requests", str(RUNNING), "--rq-canary-interval-s", "3600"]
+API_KEY = "test-key-45"
 
 
 def make_checkpoint(path: Path) -> Path:
@@ -106,8 +109,8 @@ def servers(tmp_path_factory):
     logs = tmp_path_factory.mktemp("logs")
     base = ["--model-path", str(ckpt), *FLAGS]
     rq, bad = start_servers([(base, logs / "rq.log"),
-                             (base + ["--rq-disable", "--rq-canary-file", str(bad_spec)],
-                              logs / "bad.log")])
+                             (base + ["--rq-disable", "--rq-canary-file", str(bad_spec),
+                                      "--api-key", API_KEY], logs / "bad.log")])
     yield ckpt, rq, bad
     rq.stop()
     bad.stop()
@@ -197,3 +200,11 @@ def test_canary_not_ready_on_wrong_answer_while_live(servers):
     assert sample(text, "sglang_rq_kv_format_info", 'enabled="false"') == 1
     assert sample(text, "sglang_rq_kv_compression_ratio") == 1
     assert sample(text, "sglang_rq_kv_bytes_per_token") == LOOPS * LAYERS * 2 * KV_HEADS * D * 2
+    # under --api-key (a new-user review, 12-06): /rq/ready answered 401 without the key, and the
+    # BF16 pool was published as 0 tokens (the 401 body read as server info); the pool's tokens
+    # are SGLang's own figure, its route guarded by the key
+    info = requests.get(bad.url + "/get_server_info", timeout=10)
+    assert info.status_code == 401
+    info = requests.get(bad.url + "/get_server_info", timeout=10,
+                        headers={"Authorization": f"Bearer {API_KEY}"}).json()
+    assert sample(text, "sglang_rq_kv_pool_tokens") == info["max_total_num_tokens"] > 0

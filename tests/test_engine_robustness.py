@@ -233,6 +233,26 @@ def test_http_fuzz_is_4xx_and_server_keeps_serving(server):
     assert _greedy(server.url) == before
 
 
+def test_input_embeds_of_the_wrong_width_is_a_400_and_the_server_lives(ckpt, tmp_path_factory):
+    """A new-user review (12-06): ``input_embeds`` rows of 2 values for the embedded model
+    (hidden size 512, its config.json) reached the model's first norm in the scheduler and
+    every process exited. The request hook answers 400 naming the field and the width; rows of
+    the right width are served. (SGLang takes embeddings only with its radix cache off.)"""
+    hidden = json.loads((EMBEDDED_MODEL / "config.json").read_text())["hidden_size"]
+    srv = Server(["--model-path", str(ckpt), *FLAGS, "--disable-radix-cache"],
+                 tmp_path_factory.mktemp("logs-embeds") / "embeds.log")
+    try:
+        params = {"max_new_tokens": 2, "temperature": 0}
+        for rows, what in (([[0.1, 0.2]], "row 0 holds 2 values"),
+                           ([[0.0] * hidden, [0.0] * (hidden + 1)], f"row 1 holds {hidden + 1}")):
+            r = _send(srv.url, GEN, {"input_embeds": rows, "sampling_params": params})
+            assert r.status_code == 400 and what in r.text and f"{hidden} numbers" in r.text, r.text
+        r = _send(srv.url, GEN, {"input_embeds": [[0.01] * hidden] * 3, "sampling_params": params})
+        assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 2, r.text
+    finally:
+        srv.stop()
+
+
 def test_body_limit_holds_against_a_lying_content_length_and_is_counted(server):
     """The second new-user review: ``Content-Length: 10`` beside ``Transfer-Encoding: chunked``
     carried a 12 MiB prompt past the limit (uvicorn frames such a body by its chunks) and a

@@ -290,11 +290,15 @@ def test_mistyped_flag_is_one_line_with_the_closest_flags():
     with pytest.raises(RQConfigError, match="unrecognized arguments: --json-model-override .*"
                                             "did you mean --json-model-override-args"):
         check_sglang_flags(["--model-path", "x", "--json-model-override", "{}"])
-    # SGLang loaded the model, then died of "Not enough memory" (a new-user review, 12-06)
-    for tokens in ("0", "-5"):
-        with pytest.raises(RQConfigError, match=f"--max-total-tokens={tokens} must be > 0"):
-            check_sglang_flags(["--model-path", "x", "--max-total-tokens", tokens])
-    check_sglang_flags(["--model-path", "x", "--max-total-tokens", "1"])
+    # SGLang loaded the model, then died of "Not enough memory" (--max-total-tokens), divided
+    # by zero (--page-size, --context-length) or served one request at a time
+    # (--max-running-requests) (new-user reviews, 12-06)
+    for flag in ("--max-total-tokens", "--page-size", "--context-length",
+                 "--max-running-requests"):
+        for value in ("0", "-5"):
+            with pytest.raises(RQConfigError, match=f"{flag}={value} must be > 0"):
+                check_sglang_flags(["--model-path", "x", flag, value])
+        check_sglang_flags(["--model-path", "x", flag, "1"])
 
 
 @pytest.mark.parametrize("flag,value", [("--rq-kv-budget-gb", "-1"), ("--rq-kv-budget-gb", "0"),
@@ -485,13 +489,13 @@ def test_empty_prompt_refused_unless_multimodal_or_embeddings():
     def original(self, obj, input_ids):
         return "validated"
 
-    tm = SimpleNamespace(model_config=SimpleNamespace(vocab_size=8192))
+    tm = SimpleNamespace(model_config=SimpleNamespace(vocab_size=8192, hidden_size=4))
     text = SimpleNamespace(contains_mm_input=lambda: False, input_embeds=None)
     with pytest.raises(ValueError, match="the prompt is empty"):
         _input_ids_hook(original, tm, text, [])
     audio = SimpleNamespace(contains_mm_input=lambda: True, input_embeds=None)
     assert _input_ids_hook(original, tm, audio, []) == "validated"
-    embeds = SimpleNamespace(contains_mm_input=lambda: False, input_embeds=[[0.0]])
+    embeds = SimpleNamespace(contains_mm_input=lambda: False, input_embeds=[[0.0] * 4] * 3)
     assert _input_ids_hook(original, tm, embeds, []) == "validated"
     assert _input_ids_hook(original, tm, text, None) == "validated"
 
@@ -508,7 +512,7 @@ def test_logprob_requests_the_scheduler_cannot_serve_are_refused():
     def original(self, obj, input_ids):
         return "validated"
 
-    tm = SimpleNamespace(model_config=SimpleNamespace(vocab_size=8192))
+    tm = SimpleNamespace(model_config=SimpleNamespace(vocab_size=8192, hidden_size=4))
 
     def req(**kw):
         return SimpleNamespace(contains_mm_input=lambda: False, input_embeds=None, **kw)
