@@ -99,6 +99,12 @@ def test_calibrate_refuses_before_the_capture(tmp_path, args, needle):
     (["--datasets", ","], "--datasets=',' names none"),
     (["--data-dir", "/"], "--data-dir=/: /literature/jane.austen.pride.and.prejudice.txt not found"),
     (["--server-args", "'--foo"], "--server-args=\"'--foo\": No closing quotation"),
+    # a new-user review (12-06): "--rq-disable" served every format as BF16 and the table gave
+    # each format's bits beside BF16's KL 0 (rc 0)
+    (["--server-args", "--rq-disable --mem-fraction-static 0.3"],
+     "--server-args sets --rq-disable: the KV format comes from --formats"),
+    (["--server-args", "--port=31000 --chunked-prefill-size 64"],
+     "--server-args sets --port=31000, --chunked-prefill-size:"),
     (["--formats", ""], "--formats is empty"),
     (["--gen-prompts", "0"], "--gen-prompts must be >= 1"),
 ])

@@ -70,9 +70,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if (err := out_dir_error("--out", a.out)) is not None:
         p.error(err)
     try:  # the servers' argv (a review's "'--foo" failed after 13 s of tokenizing)
-        shlex.split(a.server_args)
+        extra = shlex.split(a.server_args)
     except ValueError as exc:
         p.error(f"--server-args={a.server_args!r}: {exc}")
+    # flags the harness sets per format or itself: given again they win (the last occurrence),
+    # so a review's "--rq-disable" served every format as BF16 and the table reported each
+    # format's bits beside BF16's figures
+    owned = [f for f in extra if f.split("=", 1)[0].startswith("--rq-")
+             or f.split("=", 1)[0] in OWNED_FLAGS]
+    if owned:
+        p.error(f"--server-args sets {', '.join(owned)}: the KV format comes from --formats, "
+                "the model from --model-path and the chunk from --chunk")
     if not any(n.strip() for n in a.formats.split(",")):
         p.error("--formats is empty; name the formats to compare with BF16 (default: ladder)")
     if not (Path(a.model_path) / "config.json").is_file():
@@ -160,6 +168,10 @@ def greedy(url: str, prompts: list[list[int]], n: int) -> list[list[int]]:
         timeout=3600)
     r.raise_for_status()
     return [o["output_ids"] for o in r.json()]
+
+
+# server flags `run_format` sets (besides the format's own --rq-* flags)
+OWNED_FLAGS = ("--model-path", "--chunked-prefill-size", "--port", "--host")
 
 
 def run_format(name: str, args, docs: dict, prompts, log_dir: Path) -> dict:
