@@ -239,9 +239,29 @@ def unpack(bundle: Path, *, site: Path) -> int:
     return sum(m.isfile() for m in members)
 
 
-def run_checks() -> list[Check]:
-    """Every check, in report order."""
-    checks = [check_python()]
+# what a bundle's site must hold itself (torch, triton and CUDA come from the host)
+SITE_PACKAGES = ("sglang", "sglang_rq")
+
+
+def check_site(site: Path) -> Check:
+    """FAIL unless each of `SITE_PACKAGES` imports from ``site`` (``--site``): found elsewhere on
+    ``sys.path`` (the running environment's own), it says nothing of the site (a review's empty
+    directory passed every check)."""
+    outside = []
+    for name in SITE_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        where = Path(spec.origin).resolve() if spec is not None and spec.origin else None
+        if where is None or site not in where.parents:
+            outside.append(f"{name} ({where.parent if where else 'not found'})")
+    if outside:
+        return Check("site", "FAIL", f"{site} lacks {', '.join(outside)}: unpack a bundle there "
+                     "(--unpack BUNDLE --site DIR)")
+    return Check("site", "ok", f"{', '.join(SITE_PACKAGES)} import from {site}")
+
+
+def run_checks(site: Path | None = None) -> list[Check]:
+    """Every check, in report order; ``site``: the ``--site`` directory checked first."""
+    checks = [check_python()] + ([check_site(site)] if site is not None else [])
     torch_check, torch = check_torch()
     checks.append(torch_check)
     cuda = torch is not None and torch.cuda.is_available()
@@ -292,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         old = os.environ.get("PYTHONPATH")
         os.environ["PYTHONPATH"] = site + (os.pathsep + old if old else "")
         importlib.invalidate_caches()
-    checks = run_checks()
+    checks = run_checks(args.site.resolve() if args.site is not None else None)
     ok = all(c.status != "FAIL" for c in checks)
     if args.json:
         print(json.dumps({"ok": ok, "checks": [asdict(c) for c in checks]}))

@@ -136,10 +136,10 @@ def test_doctor_json_report(doctor_json):
     assert checks["sglang"]["detail"].startswith("0.5.23")
     assert "sglang_rq.plugin:register" in checks["entry point"]["detail"]
     assert "OuroForCausalLM" in checks["plugin"]["detail"]
-    # the default (RQ) configuration installs 7 hooks: cell size, fixed overhead, byte budget,
-    # pool class, input-ids validation, CPU heap trim, n validation (sglang_rq/plugin.py
-    # docstring)
-    assert "7/7 hooks applied" in checks["plugin"]["detail"]
+    # the default (RQ) configuration installs 8 hooks: cell size, fixed overhead, byte budget,
+    # pool class, input-ids validation, CPU heap trim, n validation, the readiness probe's
+    # auth (sglang_rq/plugin.py docstring)
+    assert "8/8 hooks applied" in checks["plugin"]["detail"]
     import torch
 
     if not torch.cuda.is_available():
@@ -200,3 +200,15 @@ def test_real_bundle(tmp_path):
     assert "sglang_rq-0.1.0.dist-info/entry_points.txt" in members
     assert not any(n.startswith(("sglang/multimodal_gen", "sglang_rq/assets/")) for n in members)
     assert not any(n.split("/", 1)[0].endswith(".data") for n in members)
+
+
+def test_doctor_site_must_hold_sglang_and_the_plugin(tmp_path):
+    """A new-user review (12-06): ``doctor --site`` of an empty directory passed every check,
+    the environment's own packages answering for the site."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = _run_doctor("--site", str(empty))
+    assert r.returncode == 1, r.stdout + r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.split()[1:2] == ["site"])
+    assert line.startswith("FAIL") and f"{empty.resolve()} lacks sglang (" in line, line
+    assert "sglang_rq (" in line and "serving cannot work" in r.stdout
