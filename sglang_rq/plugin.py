@@ -20,7 +20,9 @@ temperature,
 ``GenerateReqInput._handle_parallel_sampling`` (AROUND: an ``n`` that is not an integer in
 ``[1, --rq-max-n]`` is refused with a 400 before the request is copied n times),
 ``sglang.srt.utils.auth.decide_request_auth`` (AROUND: the readiness probe ``/rq/ready`` needs no
-``--api-key``, as SGLang's ``/health`` and ``/ready`` need none), and
+``--api-key``, as SGLang's ``/health`` and ``/ready`` need none),
+``OpenAIServingChat._validate_request`` (AROUND: a chat ``max_completion_tokens`` below 1 is a
+400; SGLang read 0 as unset and generated to the end of the context), and
 ``CpuDeviceMixin.empty_cache`` (AFTER: ``malloc_trim(0)``, so ``/flush_cache`` on a CPU server
 returns the C heap's free pages to the OS; docs/robustness.md section 6).
 
@@ -48,6 +50,7 @@ HOOK_TARGETS = (
     "sglang.srt.platforms.cpu.CpuDeviceMixin.empty_cache",
     "sglang.srt.managers.io_struct.GenerateReqInput._handle_parallel_sampling",
     "sglang.srt.utils.auth.decide_request_auth",
+    "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._validate_request",
 )
 # NOTE: SGLang 0.5.23 lets probes past --api-key by path prefix (/health, /ready, /metrics); the
 # readiness probe of the shipped manifests and router is /rq/ready (canary.install).
@@ -76,8 +79,9 @@ def register() -> None:
 
     cfg = RQConfig.from_json(raw)
     targets = [HOOK_TARGETS[2], HOOK_TARGETS[4], HOOK_TARGETS[5], HOOK_TARGETS[6],
-               HOOK_TARGETS[7]]
+               HOOK_TARGETS[7], HOOK_TARGETS[8]]
     HookRegistry.register(HOOK_TARGETS[7], _probe_auth_hook, HookType.AROUND)
+    HookRegistry.register(HOOK_TARGETS[8], _chat_request_hook, HookType.AROUND)
     HookRegistry.register(HOOK_TARGETS[2], _budget_hook, HookType.AROUND)
     HookRegistry.register(HOOK_TARGETS[4], _input_ids_hook, HookType.AROUND)
     HookRegistry.register(HOOK_TARGETS[5], _trim_heap_hook, HookType.AFTER)
@@ -265,6 +269,17 @@ def _probe_auth_hook(original, *args, **kwargs):
 
         return AuthDecision(allowed=True)
     return original(*args, **kwargs)
+
+
+def _chat_request_hook(original, self, request, *args, **kwargs):
+    """AROUND ``OpenAIServingChat._validate_request`` (returns an error message for a 400, or
+    None): a ``max_completion_tokens`` below 1 is refused. SGLang 0.5.23 takes
+    ``max_completion_tokens or max_tokens``, so 0 read as unset and the answer ran to the end of
+    the context (a new-user review, 12-06; ``/v1/completions`` refuses ``max_tokens`` 0)."""
+    limit = getattr(request, "max_completion_tokens", None)
+    if limit is not None and limit < 1:
+        return f"max_completion_tokens must be at least 1, got {limit}"
+    return original(self, request, *args, **kwargs)
 
 
 def _input_ids_hook(original, self, obj, input_ids, *args, **kwargs):

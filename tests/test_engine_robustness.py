@@ -200,6 +200,12 @@ CASES: list[tuple[str, str, object, int]] = [
     # sampled request was refused (a new-user review, 12-06); the request hook answers 400
     ("top-k-zero-greedy-generate", GEN, {"text": "hi", "sampling_params": {
         "max_new_tokens": 2, "temperature": 0, "top_k": 0}}, 400),
+    # max_completion_tokens 0 on chat: SGLang 0.5.23 read it as unset and generated to the end
+    # of the context (a new-user review, 12-06); the chat-request hook answers 400
+    ("max-completion-tokens-zero-chat", CHAT, {"model": "m", "messages": MSG,
+                                               "max_completion_tokens": 0}, 400),
+    ("max-completion-tokens-negative-chat", CHAT, {"model": "m", "messages": MSG,
+                                                   "max_completion_tokens": -3}, 400),
     ("logprob-start-len-below-minus-one-generate", GEN, {
         "text": "hi there friend", "sampling_params": {"max_new_tokens": 2},
         "return_logprob": True, "logprob_start_len": -2}, 400),
