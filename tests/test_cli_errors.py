@@ -106,6 +106,8 @@ def test_calibrate_refuses_before_the_capture(tmp_path, args, needle):
     (["--server-args", "--port=31000 --chunked-prefill-size 64"],
      "--server-args sets --port=31000, --chunked-prefill-size:"),
     (["--formats", ""], "--formats is empty"),
+    # the server's 400 came after the BF16 server had loaded (a review, 12-06)
+    (["--top-k", "100000"], "--top-k=100000 exceeds the model's vocabulary (8192 tokens)"),
     (["--gen-prompts", "0"], "--gen-prompts must be >= 1"),
 ])
 def test_eval_refuses_before_serving(tmp_path, args, needle):
@@ -223,3 +225,19 @@ def test_doctor_site_alone_must_be_a_site(tmp_path):
     r = subprocess.run([sys.executable, "-m", "sglang_rq.doctor", "--site", str(tmp_path / "no")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and f"--site {tmp_path / 'no'}: no such directory" in r.stderr
+
+
+def test_eval_server_errors_carry_the_servers_reason():
+    """A review (12-06): ``eval --doc-tokens 3000`` (past the 2,048-token context) stopped after
+    40 s with only "400 Client Error: Bad Request for url"; the server's reason is kept."""
+    import requests
+
+    from sglang_rq.quality.harness import _ok
+
+    r = requests.Response()
+    r.status_code, r.url = 400, "http://127.0.0.1:1/generate"
+    r._content = b'{"error": {"message": "The input (3001 tokens) is longer than the model\'s context"}}'
+    with pytest.raises(requests.HTTPError, match=r"/generate answered 400: .*longer than the model"):
+        _ok(r)
+    r.status_code = 200
+    assert _ok(r) is r

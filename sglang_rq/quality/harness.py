@@ -87,6 +87,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--model-path={a.model_path}: no config.json there (give a local checkpoint "
                 "directory)")
     try:
+        vocab = json.loads((Path(a.model_path) / "config.json").read_text()).get("vocab_size")
+    except (ValueError, AttributeError) as exc:  # not JSON, or not an object
+        p.error(f"--model-path={a.model_path}: config.json is not a JSON object ({exc})")
+    if isinstance(vocab, int) and a.top_k > vocab:  # the server's 400 came after the BF16 load
+        p.error(f"--top-k={a.top_k} exceeds the model's vocabulary ({vocab} tokens)")
+    try:
         a.format_names = ladder.resolve(a.formats)
         shape = None  # the model's, read once, where a rotation file is given
         for name in a.format_names:  # a file the server would refuse after the BF16 run
@@ -123,6 +129,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return a
 
 
+def _ok(r: requests.Response) -> requests.Response:
+    """``r`` if it succeeded; else HTTPError with the server's own reason (``raise_for_status``
+    gives only the status and URL: a review's ``--doc-tokens`` past the context read "400 Client
+    Error: Bad Request" after 40 s)."""
+    if r.status_code >= 400:
+        raise requests.HTTPError(f"{r.url} answered {r.status_code}: {r.text[:500]}", response=r)
+    return r
+
+
 def score_documents(url: str, docs: list[list[int]], *, top_k: int, score_from: int) -> dict:
     """Teacher-forced log-probabilities of ``docs`` (token ids) from a running server.
 
@@ -134,9 +149,8 @@ def score_documents(url: str, docs: list[list[int]], *, top_k: int, score_from: 
         "input_ids": docs, "return_logprob": True, "logprob_start_len": 0,
         "top_logprobs_num": top_k,
         "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}, timeout=3600)
-    r.raise_for_status()
     out = {"logprobs": [], "top": []}
-    for o in r.json():
+    for o in _ok(r).json():
         m = o["meta_info"]
         out["logprobs"].append([lp for lp, _, _ in m["input_token_logprobs"][score_from:]])
         out["top"].append([{int(t): lp for lp, t, _ in pos} for pos in m["input_top_logprobs"][score_from:]])
@@ -166,8 +180,7 @@ def greedy(url: str, prompts: list[list[int]], n: int) -> list[list[int]]:
         "input_ids": prompts,
         "sampling_params": {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}},
         timeout=3600)
-    r.raise_for_status()
-    return [o["output_ids"] for o in r.json()]
+    return [o["output_ids"] for o in _ok(r).json()]
 
 
 # server flags `run_format` sets (besides the format's own --rq-* flags)
