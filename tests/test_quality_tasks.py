@@ -42,6 +42,12 @@ def test_choice_extraction():
     assert tasks.extract_choice("C. Carbon dioxide", labels) == "C"
     assert tasks.extract_choice("Answer: 4", ["1", "2", "3", "4"]) == "4"
     assert tasks.extract_choice("Bananas", labels) is None  # letters inside words do not count
+    # a review (12-06): the article "A" was read as choice A
+    assert tasks.extract_choice("A plant needs light, so the answer is C.", labels) == "C"
+    assert tasks.extract_choice("A plant needs light, so C.", labels) == "C"
+    assert tasks.extract_choice("A", labels) == "A"
+    assert tasks.extract_choice("(D) because of gravity", labels) == "D"
+    assert tasks.extract_choice("I think A is right", labels) == "A"  # the last resort
 
 
 def test_program_runner_pass_fail_timeout():

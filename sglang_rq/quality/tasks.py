@@ -107,10 +107,18 @@ def math_correct(prediction: str | None, answer: str) -> bool:
 
 
 def extract_choice(text: str, labels: list[str]) -> str | None:
-    """The first standalone choice label (e.g. ``B`` in "The answer is (B).") in ``text``."""
-    pattern = r"(?<![A-Za-z0-9])(" + "|".join(map(re.escape, labels)) + r")(?![A-Za-z0-9])"
-    m = re.search(pattern, text)
-    return m.group(1) if m else None
+    """The choice label ``text`` gives, in this order: after "answer is" / "answer:" ("The answer
+    is (B)."), the first standalone label that no lower-case word follows ("C. Carbon dioxide";
+    the article in "A plant needs light, so C." is not read as choice A), else the first
+    standalone label; None without one."""
+    label = "(" + "|".join(map(re.escape, labels)) + ")"
+    alone, no_word = r"(?![A-Za-z0-9])", r"(?![A-Za-z0-9]| [a-z])"
+    for pattern, flags in ((r"answer\s*(?:is|:)\s*\(?" + label + alone, re.IGNORECASE),
+                           (r"(?<![A-Za-z0-9])" + label + no_word, 0),
+                           (r"(?<![A-Za-z0-9])" + label + alone, 0)):
+        if m := re.search(pattern, text, flags):
+            return m.group(1)
+    return None
 
 
 def truncate_humaneval(completion: str) -> str:
