@@ -72,6 +72,9 @@ def test_waits_past_a_year_are_refused(tmp_path):
     (["--rq-rotation-seed", str(2 ** 64)], f"--rq-rotation-seed={2 ** 64} must be in"),
     (["--rq-disable"], "--rq-disable: calibrate learns the rotations of the RQ cache"),
     (["--rq-loop-bits", "2,2"], "--rq-loop-bits gives 2 widths but the model runs 4 loops"),
+    # a review (12-06): nothing rounded, an autograd traceback after the capture
+    (["--rq-loop-bits", "16,16,16,16"], "the format rounds no loop (widths 16,16,16,16"),
+    (["--rq-anchor-bits", "16", "--rq-residual-bits", "0"], "the format rounds no loop"),
     (["--data-dir", "/"], "--data-dir=/: /literature/herman.melville.moby.dick.or.the.whale.txt "
                           "not found")])
 def test_calibrate_refuses_before_the_capture(tmp_path, args, needle):

@@ -69,9 +69,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--model-path={a.model_path}: model_type {model_type!r}; calibrate captures K/V "
                 f"with the Ouro reference and supports only {OURO_MODEL_TYPE!r} checkpoints")
     try:
-        RQConfig.from_args(a).bits_for_loops(ModelKVShape.from_hf_config(cfg_path).num_loops)
+        bits = RQConfig.from_args(a).bits_for_loops(ModelKVShape.from_hf_config(cfg_path).num_loops)
     except RQConfigError as exc:
         p.error(str(exc))
+    if all(b in (0, 16) for b in bits):  # `quantized_targets` would be empty (a review: a
+        # "does not require grad" traceback after the capture)
+        p.error(f"the format rounds no loop (widths {','.join(map(str, bits))}: 16 is BF16, 0 "
+                "shares the anchor), so there is no rotation to learn; give --rq-anchor-bits, "
+                "--rq-residual-bits or --rq-loop-bits below 16")
     try:
         a.data_dir = resolve_data_dir(a.data_dir)
     except FileNotFoundError as exc:
