@@ -49,7 +49,7 @@ from sglang_rq import env, metrics
 from sglang_rq.canary_spec import (  # noqa: F401 - re-exported: the canary's public names
     DEFAULT_PROMPTS, CanarySpec, load_spec_for, record, weights_fingerprint)
 from sglang_rq.readiness import (  # noqa: F401 - ERROR_THRESHOLD re-exported (tests)
-    ERROR_THRESHOLD, classify, is_ready, queue_depth)
+    ERROR_THRESHOLD, READY_PATH, classify, is_ready, queue_depth)
 
 logger = logging.getLogger(__name__)
 
@@ -388,7 +388,7 @@ def install(app: Any, server_args: Any) -> Canary:
         return JSONResponse(canary.status()[1])
 
     canary.on_healthy = lambda: _publish_disabled_format(url, server_args)
-    app.add_api_route("/rq/ready", ready, methods=["GET"])
+    app.add_api_route(READY_PATH, ready, methods=["GET"])
     app.add_api_route("/rq/canary", status, methods=["GET"])
     canary.start()
     return canary

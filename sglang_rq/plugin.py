@@ -52,9 +52,6 @@ HOOK_TARGETS = (
     "sglang.srt.utils.auth.decide_request_auth",
     "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._validate_request",
 )
-# NOTE: SGLang 0.5.23 lets probes past --api-key by path prefix (/health, /ready, /metrics); the
-# readiness probe of the shipped manifests and router is /rq/ready (canary.install).
-PROBE_PATHS = ("/rq/ready",)
 RQ_BACKENDS = ("rq_native", "rq_triton")
 
 
@@ -261,10 +258,14 @@ def _budget_hook(original, self, pre_model_load_memory):
 
 def _probe_auth_hook(original, *args, **kwargs):
     """AROUND ``sglang.srt.utils.auth.decide_request_auth`` (keyword arguments ``method``,
-    ``path``, ...): a GET of `PROBE_PATHS` is allowed without a key, as SGLang allows its own
-    ``/health`` and ``/ready``; everything else is SGLang's decision. Under ``--api-key`` the
-    readiness probe was a 401, so no worker ever became ready (a new-user review, 12-06)."""
-    if kwargs.get("method") == "GET" and kwargs.get("path") in PROBE_PATHS:
+    ``path``, ...): a GET of the readiness route (`readiness.READY_PATH`, the probe of the
+    shipped manifests and router) is allowed without a key, as SGLang 0.5.23 allows its own
+    ``/health``, ``/ready`` and ``/metrics`` (by path prefix); everything else is SGLang's
+    decision. Under ``--api-key`` the probe was a 401, so no worker ever became ready (a
+    new-user review, 12-06)."""
+    from sglang_rq.readiness import READY_PATH
+
+    if kwargs.get("method") == "GET" and kwargs.get("path") == READY_PATH:
         from sglang.srt.utils.auth import AuthDecision
 
         return AuthDecision(allowed=True)

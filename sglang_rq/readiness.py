@@ -24,6 +24,7 @@ import logging
 
 logger = logging.getLogger(__name__)
 
+READY_PATH = "/rq/ready"  # the readiness route (canary.install), probed without --api-key
 OUTCOMES = ("pass", "wrong_answer", "error", "timeout", "pending", "overloaded")
 RESULTS = ("pass", "wrong_answer", "error", "saturated")
 ERROR_THRESHOLD = 3
