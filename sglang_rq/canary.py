@@ -49,7 +49,7 @@ from sglang_rq import env, metrics
 from sglang_rq.canary_spec import (  # noqa: F401 - re-exported: the canary's public names
     DEFAULT_PROMPTS, CanarySpec, load_spec_for, record, weights_fingerprint)
 from sglang_rq.readiness import (  # noqa: F401 - ERROR_THRESHOLD re-exported (tests)
-    ERROR_THRESHOLD, READY_PATH, classify, is_ready, queue_depth)
+    ERROR_THRESHOLD, READY_PATH, auth_headers, classify, is_ready, queue_depth)
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,6 @@ def ask(url: str, spec: CanarySpec | None, *, api_key: str | None = None,
 
     ids = spec.input_ids if spec else [1, 2, 3, 4]
     n = spec.max_new_tokens if spec else 4
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     t0 = time.time()
     body: dict[str, Any] = {
         "input_ids": ids, "rid": rid or f"rq-canary-{int(t0 * 1000)}",
@@ -112,8 +111,8 @@ def ask(url: str, spec: CanarySpec | None, *, api_key: str | None = None,
     if priority is not None:
         body["priority"] = priority
     try:
-        r = requests.post(url.rstrip("/") + "/generate", headers=headers, timeout=timeout_s,
-                          json=body)
+        r = requests.post(url.rstrip("/") + "/generate", headers=auth_headers(api_key),
+                          timeout=timeout_s, json=body)
         if r.status_code in (429, 503):
             return "overloaded", [], CanaryResult("overloaded", latency_s=time.time() - t0,
                                                   detail=r.text[:500], time_s=t0)
@@ -315,10 +314,9 @@ class Canary:
     def _abort(self, rid: str) -> None:
         import requests
 
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         try:
-            requests.post(self.url + "/abort_request", json={"rid": rid}, headers=headers,
-                          timeout=10)
+            requests.post(self.url + "/abort_request", json={"rid": rid},
+                          headers=auth_headers(self.api_key), timeout=10)
         except requests.RequestException as exc:
             logger.warning("sglang-rq canary: could not abort %s: %r", rid, exc)
 
@@ -407,9 +405,8 @@ def _publish_disabled_format(url: str, server_args: Any) -> None:
         from sglang_rq.layout import ModelKVShape, bf16_bytes_per_token
 
         shape = ModelKVShape.from_hf_config(Path(server_args.model_path) / "config.json")
-        key = getattr(server_args, "api_key", None)  # --api-key guards this route
-        info = requests.get(url + "/get_server_info", timeout=30,
-                            headers={"Authorization": f"Bearer {key}"} if key else {})
+        info = requests.get(url + "/get_server_info", timeout=30,  # guarded by --api-key
+                            headers=auth_headers(getattr(server_args, "api_key", None)))
         info.raise_for_status()  # not a 401 body read as a pool of 0 tokens
         info = info.json()
         tokens = int(info.get("max_total_num_tokens") or 0)

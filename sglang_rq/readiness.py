@@ -77,6 +77,11 @@ def is_ready(*, last_result: str | None, wrong: bool, errors_in_row: int,
     return True, "ok"
 
 
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The request headers a server under ``--api-key`` wants (none without a key)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def queue_depth(url: str, *, api_key: str | None = None, exclude: int = 1) -> int:
     """Requests running or waiting on the worker at ``url``, less ``exclude`` (the canary).
 
@@ -84,10 +89,9 @@ def queue_depth(url: str, *, api_key: str | None = None, exclude: int = 1) -> in
     """
     import requests
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         r = requests.get(url.rstrip("/") + "/v1/loads", params={"include": "core"},
-                         headers=headers, timeout=LOADS_TIMEOUT_S)
+                         headers=auth_headers(api_key), timeout=LOADS_TIMEOUT_S)
         r.raise_for_status()
         loads = r.json()["loads"]
         total = sum(int(x["num_running_reqs"]) + int(x["num_waiting_reqs"]) for x in loads)
