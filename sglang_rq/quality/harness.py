@@ -183,7 +183,8 @@ def greedy(url: str, prompts: list[list[int]], n: int) -> list[list[int]]:
     return [o["output_ids"] for o in _ok(r).json()]
 
 
-# server flags `run_format` sets (besides the format's own --rq-* flags)
+# server flags `run_format` decides besides the format's --rq-* flags: the model and chunk it
+# passes, and the port and host its `Server` picks and reaches (127.0.0.1)
 OWNED_FLAGS = ("--model-path", "--chunked-prefill-size", "--port", "--host")
 
 
