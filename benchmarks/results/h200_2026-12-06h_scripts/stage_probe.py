@@ -2,13 +2,20 @@
 that RQ's arm makes besides `decode_attention` (96 per Ouro step). Arms, alternating, 3 rounds:
 rq (as bench_decode_step), rq_nostage (the same without stage_kv: its staging rows stale; a timing
 bound for fusing the staging write into the split kernel), stage_only (stage_kv and the commit,
-no attention), none. Run from the repository root: python3 THIS --out DIR."""
-import argparse, json, os, sys
+no attention), none. Run from the repository root: python3 THIS --out DIR (--dry: CPU, tiny)."""
+import argparse
+import json
+import os
+import sys
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 import torch  # noqa: E402
+
 from benchmarks import bench_decode_step as B  # noqa: E402
 from rq_kernels import commit_layers, decode_attention, stage_kv  # noqa: E402
 from sglang_rq.config import RQConfig  # noqa: E402
+
+ARMS = ("rq", "rq_nostage", "stage_only", "none")
 
 
 class NoStage(B.RQCache):
@@ -28,10 +35,17 @@ class StageOnly(B.RQCache):
 
 
 def main():
-    ap = argparse.ArgumentParser(); ap.add_argument("--out", default=".")
-    ap.add_argument("--dry", action="store_true"); a = ap.parse_args()
-    s = B.Shape(a.dry); ctx = 40 if a.dry else 16384; W = B.make_weights(s); cfg = RQConfig()
-    res = dict(gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", runs=[])
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--dry", action="store_true")
+    a = ap.parse_args()
+    s = B.Shape(a.dry)
+    ctx = 40 if a.dry else 16384
+    W = B.make_weights(s)
+    cfg = RQConfig()
+    calls = s.loops * s.layers
+    cuda = torch.cuda.is_available()
+    res = dict(gpu=torch.cuda.get_device_name(0) if cuda else "cpu", runs=[])
     for b in (2, 13):
         caches = dict(rq=B.RQCache(s, b, ctx, cfg), rq_nostage=NoStage(s, b, ctx, cfg),
                       stage_only=StageOnly(s, b, ctx, cfg), none=B.NoAttention())
@@ -41,17 +55,17 @@ def main():
                 res["runs"].append(dict(batch=b, arm=name, round=r, step_ms=ms))
                 print(f"b={b:3d} round {r} {name:11s} {ms:8.3f} ms", flush=True)
         del caches
-        if torch.cuda.is_available():
+        if cuda:
             torch.cuda.empty_cache()
-    for b in (2, 13):
         med = {n: sorted(x["step_ms"] for x in res["runs"] if x["batch"] == b and x["arm"] == n)[1]
-               for n in ("rq", "rq_nostage", "stage_only", "none")}
+               for n in ARMS}
         res[f"median_b{b}"] = med
-        print(f"b={b}: medians {med}; stage_kv per call (rq - rq_nostage) / calls: "
-              f"{(med['rq'] - med['rq_nostage']) / (s.loops * s.layers) * 1e3:.2f} us; (stage_only - none) / calls: "
-              f"{(med['stage_only'] - med['none']) / (s.loops * s.layers) * 1e3:.2f} us")
+        print(f"b={b}: medians {med}; stage_kv per call: (rq - rq_nostage) / calls "
+              f"{(med['rq'] - med['rq_nostage']) / calls * 1e3:.2f} us, (stage_only - none) / "
+              f"calls {(med['stage_only'] - med['none']) / calls * 1e3:.2f} us")
     os.makedirs(a.out, exist_ok=True)
-    json.dump(res, open(os.path.join(a.out, "stage_probe.json"), "w"), indent=1)
+    with open(os.path.join(a.out, "stage_probe.json"), "w") as f:
+        json.dump(res, f, indent=1)
 
 
 main()
