@@ -309,7 +309,8 @@ def _input_ids_hook(original, self, obj, input_ids, *args, **kwargs):
         whole server (found by a new-user review, 12-05). And a ``top_k`` of 0 or below -1
         at temperature 0, where SGLang 0.5.23 sets ``top_k = 1`` before its own check, so only
         a sampled request was refused (a new-user review, 12-06). And ``input_embeds`` rows
-        that are not the model's hidden size (`_check_input_embeds`).
+        that are not the model's hidden size (`_check_input_embeds`), and a ``stop_regex``
+        that does not compile or nests variable repeats (`_check_stop_regex`).
     """
     multimodal = getattr(obj, "contains_mm_input", None)
     if (input_ids is not None and len(input_ids) == 0
@@ -321,6 +322,7 @@ def _input_ids_hook(original, self, obj, input_ids, *args, **kwargs):
     vocab = self.model_config.vocab_size
     _check_logprob_args(obj, vocab)
     _check_top_k(obj)
+    _check_stop_regex(obj)
     if input_ids:
         lo, hi = min(input_ids), max(input_ids)
         bad = lo if lo < 0 else hi if hi >= vocab else None
@@ -375,6 +377,67 @@ def _check_top_k(obj) -> None:
         if isinstance(k, int) and not isinstance(k, bool) and (k == 0 or k < -1):
             raise ValueError(f"top_k must be -1 (disable) or at least 1, got {k} (also at "
                              "temperature 0)")
+
+
+def _check_stop_regex(obj) -> None:
+    """Raise ValueError for a request whose sampling parameters (a dict, or for a batch a list
+    of dicts) hold a ``stop_regex`` (a string or a list of strings) that does not compile, or
+    that nests a repeat of variable count inside another repeat of more than one (``(a+)+b``,
+    ``(\\w*\\s?)*$``), the shape of catastrophic backtracking.
+
+    SGLang 0.5.23 runs ``re.search`` over the output's tail at every decode step inside the
+    scheduler (``Req.check_finished``), the whole output for a pattern of unbounded length: with
+    ``(a+)+b`` over 28 generated ``a`` one request took 24.5 s and stalled every other request,
+    and 40 wedged the scheduler for over 10 minutes; a pattern that does not compile was a 500
+    (a new-user review, 12-06). Overlapping alternatives under a repeat (``(a|a)+b``) backtrack
+    too and are not detected."""
+    import re
+
+    try:  # Python 3.11+ names it re._parser; sre_parse is its deprecated alias
+        import re._parser as sre_parse
+    except ImportError:  # pragma: no cover - Python < 3.11
+        import sre_parse
+
+    for params in _per_prompt(getattr(obj, "sampling_params", None)):
+        pats = params.get("stop_regex") if isinstance(params, dict) else None
+        for pat in _per_prompt(pats):
+            if not isinstance(pat, str):
+                continue  # SGLang's own validation names the type
+            try:
+                re.compile(pat)
+            except re.error as exc:
+                raise ValueError(f"stop_regex {pat!r} is not a valid regular expression: {exc}"
+                                 ) from None
+            if _nested_repeat(sre_parse.parse(pat), sre_parse, outer=False):
+                raise ValueError(
+                    f"stop_regex {pat!r} nests a repeat of variable count inside another repeat, "
+                    "which backtracks exponentially in the scheduler's per-token search: rewrite "
+                    "it without the nested repeat (e.g. (a+)+b as a+b)")
+
+
+def _nested_repeat(pattern, sre_parse, *, outer: bool) -> bool:
+    """Whether parsed ``pattern`` holds a repeat of variable count (min < max) inside a repeat of
+    max > 1 (``outer``: such a repeat encloses it)."""
+    repeats = (sre_parse.MAX_REPEAT, sre_parse.MIN_REPEAT)
+    if hasattr(sre_parse, "POSSESSIVE_REPEAT"):
+        repeats += (sre_parse.POSSESSIVE_REPEAT,)
+    for op, value in pattern:
+        if op in repeats:
+            lo, hi, sub = value
+            if outer and lo != hi:
+                return True
+            if _nested_repeat(sub, sre_parse, outer=outer or hi > 1):
+                return True
+        elif op == sre_parse.SUBPATTERN:
+            if _nested_repeat(value[-1], sre_parse, outer=outer):
+                return True
+        elif op == sre_parse.BRANCH:
+            if any(_nested_repeat(b, sre_parse, outer=outer) for b in value[1]):
+                return True
+        elif op in (sre_parse.ASSERT, sre_parse.ASSERT_NOT):
+            if _nested_repeat(value[1], sre_parse, outer=outer):
+                return True
+    return False
 
 
 def _parallel_samples_hook(original, self):

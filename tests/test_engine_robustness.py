@@ -209,6 +209,15 @@ CASES: list[tuple[str, str, object, int]] = [
     ("logprob-start-len-below-minus-one-generate", GEN, {
         "text": "hi there friend", "sampling_params": {"max_new_tokens": 2},
         "return_logprob": True, "logprob_start_len": -2}, 400),
+    # stop_regex: one that does not compile was a 500; nested variable repeats backtracked
+    # exponentially in the scheduler's per-token search and stalled every request (a new-user
+    # review, 12-06); the request hook answers 400
+    ("stop-regex-invalid-generate", GEN, {"text": "hi", "sampling_params": {
+        "max_new_tokens": 2, "stop_regex": "[a-"}}, 400),
+    ("stop-regex-nested-repeat-generate", GEN, {"text": "hi", "sampling_params": {
+        "max_new_tokens": 2, "stop_regex": "(a+)+b"}}, 400),
+    ("stop-regex-nested-repeat-chat", CHAT, {"model": "m", "messages": MSG, "max_tokens": 2,
+                                             "stop_regex": ["\\n", "(\\w*\\s?)*$"]}, 400),
 ]
 
 

@@ -527,6 +527,17 @@ def test_logprob_requests_the_scheduler_cannot_serve_are_refused():
             _input_ids_hook(original, tm, req(sampling_params=params), [1, 2])
     for params in ({"top_k": -1, "temperature": 0}, {"top_k": 1}, {}, None, [{"top_k": 40}]):
         assert _input_ids_hook(original, tm, req(sampling_params=params), [1, 2]) == "validated"
+    # stop_regex (12-06): patterns that do not compile, and nested variable repeats (the shape
+    # of catastrophic backtracking, hand-picked), are refused; ordinary patterns pass
+    for pat in ("[a-", "(", "a{2,1}"):
+        with pytest.raises(ValueError, match="is not a valid regular expression"):
+            _input_ids_hook(original, tm, req(sampling_params={"stop_regex": pat}), [1, 2])
+    for pat in ("(a+)+b", r"(\w*\s?)*$", "(a*)*", "(?:x{1,3})+y", ["ok", "((ab)+c?)+"]):
+        with pytest.raises(ValueError, match="nests a repeat of variable count"):
+            _input_ids_hook(original, tm, req(sampling_params=[{}, {"stop_regex": pat}]), [1, 2])
+    for pat in ("a+b", r"\n\n+", "(ab)+", r"(\d{2})+", "Answer: .*", "(foo|bar)+", ["x", "y+"]):
+        assert _input_ids_hook(original, tm, req(sampling_params={"stop_regex": pat}),
+                               [1, 2]) == "validated"
     ok = req(top_logprobs_num=8192, logprob_start_len=-1)
     assert _input_ids_hook(original, tm, ok, [1, 2]) == "validated"
     assert _input_ids_hook(original, tm, req(top_logprobs_num=[0, 20], logprob_start_len=[0, 1]),
