@@ -10,12 +10,17 @@ unready sheds load onto the rest, which then fail in turn). The rules:
   requests running or queued => ``saturated``: readiness keeps the last completed verdict;
 * the same on an idle worker (nothing but the canary in flight), or any other failure (refused
   connection, 4xx/5xx) => ``error``; ``ERROR_THRESHOLD`` in a row => unready;
-* an unknown load (``/v1/loads`` did not answer) counts as idle: a scheduler that cannot answer
-  a load query between two forwards is not merely busy.
+* an unknown load (``/v1/loads`` did not answer, or its snapshot is older than `LOADS_STALE_S`)
+  counts as idle: a scheduler that has published no load for that long is stuck, not merely
+  busy.
 
 The load is SGLang 0.5.23's ``GET /v1/loads?include=core`` (``num_running_reqs`` and
-``num_waiting_reqs`` per DP rank): one round trip to the scheduler, answered between two
-forwards, available without ``--enable-metrics``.
+``num_waiting_reqs`` per DP rank, available without ``--enable-metrics``): the snapshot the
+scheduler last published (``timestamp``, seconds since the epoch), after each prefill batch, every
+few decode batches and while requests wait, not when the scheduler loop is stuck. A stuck
+scheduler (a new-user review, 12-06: a stop_regex backtracking in its per-token search) kept
+answering a 425-second-old snapshot of a busy worker, so the canary read "saturated" and the
+worker stayed ready for over ten minutes.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ OUTCOMES = ("pass", "wrong_answer", "error", "timeout", "pending", "overloaded")
 RESULTS = ("pass", "wrong_answer", "error", "saturated")
 ERROR_THRESHOLD = 3
 LOADS_TIMEOUT_S = 10.0
+LOADS_STALE_S = 60.0  # a load snapshot older than this is unknown (a stuck scheduler)
 
 
 def classify(*, outcome: str, queue_depth: int) -> str:
@@ -85,8 +91,11 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
 def queue_depth(url: str, *, api_key: str | None = None, exclude: int = 1) -> int:
     """Requests running or waiting on the worker at ``url``, less ``exclude`` (the canary).
 
-    Returns -1 when ``/v1/loads`` does not answer within `LOADS_TIMEOUT_S`.
+    Returns -1 when ``/v1/loads`` does not answer within `LOADS_TIMEOUT_S`, or when a DP rank's
+    snapshot is older than `LOADS_STALE_S` (or was never published: timestamp 0).
     """
+    import time
+
     import requests
 
     try:
@@ -95,7 +104,12 @@ def queue_depth(url: str, *, api_key: str | None = None, exclude: int = 1) -> in
         r.raise_for_status()
         loads = r.json()["loads"]
         total = sum(int(x["num_running_reqs"]) + int(x["num_waiting_reqs"]) for x in loads)
+        age = max(time.time() - float(x["timestamp"]) for x in loads) if loads else 0.0
     except Exception as exc:  # noqa: BLE001 - an unknown load is reported, not raised
         logger.warning("sglang-rq canary: /v1/loads failed: %r", exc)
+        return -1
+    if age > LOADS_STALE_S:
+        logger.warning("sglang-rq canary: the scheduler's load snapshot is %.0f s old (more than "
+                       "%.0f s): the load is unknown", age, LOADS_STALE_S)
         return -1
     return max(0, total - exclude)

@@ -136,3 +136,45 @@ def test_priority_only_with_priority_scheduling():
     assert canary_mod.canary_priority(Args()) == 2**62
     Args.schedule_low_priority_values_first = True
     assert canary_mod.canary_priority(Args()) == -(2**62)
+
+
+def test_queue_depth_reads_the_load_snapshot_and_distrusts_a_stale_one():
+    """`readiness.queue_depth` against a local HTTP server answering ``/v1/loads`` as SGLang
+    0.5.23 does (per DP rank: ``timestamp``, ``num_running_reqs``, ``num_waiting_reqs``). A
+    snapshot older than ``LOADS_STALE_S`` (a stuck scheduler, which kept answering a 425-second
+    old one in a new-user review, 12-06) or never published (timestamp 0) is unknown: -1, which
+    `classify` turns into an error for a pending canary instead of "saturated"."""
+    import http.server
+    import json as _json
+
+    from sglang_rq.readiness import LOADS_STALE_S, classify, queue_depth
+
+    loads: list[dict] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            body = _json.dumps({"timestamp": "2026-12-06T00:00:00+00:00", "loads": loads}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        now = time.time()
+        loads[:] = [dict(dp_rank=0, timestamp=now - 1, num_running_reqs=5, num_waiting_reqs=7),
+                    dict(dp_rank=1, timestamp=now - 2, num_running_reqs=1, num_waiting_reqs=0)]
+        assert queue_depth(url, exclude=1) == 12  # 5 + 7 + 1 + 0, less the canary
+        loads[1]["timestamp"] = now - LOADS_STALE_S - 5  # one rank stuck
+        assert queue_depth(url, exclude=1) == -1
+        assert classify(outcome="pending", queue_depth=-1) == "error"
+        loads[1]["timestamp"] = 0.0  # never published
+        assert queue_depth(url, exclude=1) == -1
+    finally:
+        srv.shutdown()
