@@ -272,13 +272,25 @@ def _tp_size(argv: list[str]) -> int:
         For a value that is not an integer >= 1 (a review's ``--tp-size abc`` and ``2.5`` were
         ValueError tracebacks from a bare ``int()``, before SGLang's own parser named the flag).
     """
-    tp = _flag_value(argv, "--tp-size", "--tensor-parallel-size", "--tp")
+    return _size_flag(argv, "--tp-size", "--tensor-parallel-size", "--tp")
+
+
+def _size_flag(argv: list[str], *flags: str) -> int:
+    """The integer >= 1 that ``argv`` gives ``flags`` (spellings of one parallel size; 1 where
+    none is given).
+
+    Raises
+    ------
+    sglang_rq.config.RQConfigError
+        For a value that is not an integer >= 1, naming ``flags[0]``.
+    """
+    value = _flag_value(argv, *flags)
     try:
-        size = int(tp or 1)
+        size = int(value or 1)
     except ValueError:
         size = 0
     if size < 1:
-        raise RQConfigError(f"--tp-size={tp} must be an integer >= 1")
+        raise RQConfigError(f"{flags[0]}={value} must be an integer >= 1")
     return size
 
 
@@ -342,7 +354,8 @@ def check_sglang_flags(argv: list[str]) -> None:
     sglang_rq.config.RQConfigError
         Naming the flag argparse refused, and for an unknown flag the closest known ones; or a
         ``--max-total-tokens``, ``--page-size``, ``--context-length`` or
-        ``--max-running-requests`` at or below zero (`positive_error`).
+        ``--max-running-requests`` at or below zero (`positive_error`), or a
+        ``--max-total-tokens`` below `MIN_POOL_TOKENS`.
     """
     if _has_flag(argv, "--config"):
         return
@@ -373,27 +386,39 @@ def check_sglang_flags(argv: list[str]) -> None:
                         ("--max-running-requests", parsed.max_running_requests)):
         if (err := positive_error(flag, value)) is not None:
             raise RQConfigError(err)
+    # a pool under MIN_POOL_TOKENS failed SGLang's warm-up after the model loaded (rc 137; a
+    # new-user review, 12-06), as a --rq-kv-budget-gb that small did (check_kv_budget)
+    if parsed.max_total_tokens is not None and parsed.max_total_tokens < MIN_POOL_TOKENS:
+        raise RQConfigError(
+            f"--max-total-tokens {parsed.max_total_tokens} is below {MIN_POOL_TOKENS}: SGLang "
+            "0.5.23's warm-up request needs a pool of at least that many token slots")
 
 
-def refuse_cpu_tensor_parallel(argv: list[str]) -> None:
-    """Refuse ``--tp-size > 1`` on the CPU engine before anything loads.
+def refuse_cpu_parallelism(argv: list[str]) -> None:
+    """Refuse more than one rank (``--tp-size``, ``--dp-size`` or ``--pp-size`` above 1) on the
+    CPU engine before anything loads.
 
-    SGLang 0.5.23's CPU engine binds one NUMA node per rank (an AssertionError after ~30 s on a
-    one-node machine) and, with ``SGLANG_CPU_OMP_THREADS_BIND`` set, its CPU communicator still
-    asks for a CUDA device (``ValueError: Expected a cuda device, but got: cpu``), with the BF16
-    pool as with ours; tensor parallelism is a GPU feature here.
+    SGLang 0.5.23's CPU engine binds one NUMA node per rank (``dp_size * tp_size * pp_size``; an
+    AssertionError after ~30 s on a one-node machine, after which the launcher stayed up with no
+    server: a new-user review, 12-06, for ``--dp-size 2``) and, with
+    ``SGLANG_CPU_OMP_THREADS_BIND`` set, its CPU communicator still asks for a CUDA device
+    (``ValueError: Expected a cuda device, but got: cpu``), with the BF16 pool as with ours;
+    parallel ranks are a GPU feature here.
 
     Raises
     ------
     sglang_rq.config.RQConfigError
-        When ``--tp-size``/``--tensor-parallel-size`` is above 1.
+        Naming the flags above 1.
     """
-    tp = _tp_size(argv)
-    if tp > 1:
+    sizes = {"--tp-size": _tp_size(argv),
+             "--dp-size": _size_flag(argv, "--dp-size", "--data-parallel-size"),
+             "--pp-size": _size_flag(argv, "--pp-size", "--pipeline-parallel-size")}
+    over = [f"{flag} {n}" for flag, n in sizes.items() if n > 1]
+    if over:
         raise RQConfigError(
-            f"--tp-size {tp} is not supported on the CPU engine (no CUDA device found): SGLang "
-            "0.5.23's CPU tensor parallelism needs one NUMA node per rank and a CUDA "
-            "communicator; serve with --tp-size 1 on CPU, or on CUDA GPUs")
+            f"{', '.join(over)} is not supported on the CPU engine (no CUDA device found): SGLang "
+            "0.5.23's CPU engine needs one NUMA node per rank (dp x tp x pp) and a CUDA "
+            "communicator; serve with one rank on CPU, or on CUDA GPUs")
 
 
 PORTABLE_ATTENTION_BACKENDS = ("rq_triton", "rq_native", "triton", "torch_native",
@@ -506,7 +531,7 @@ def prepare_environment(argv: list[str]) -> list[str]:
         # on 2026-12-01); prefill graphs it does not support.
         rest = _without_prefill_graphs(rest)
     if not cuda:
-        refuse_cpu_tensor_parallel(rest)
+        refuse_cpu_parallelism(rest)
         os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
         # NOTE: the reference codec is many small ops; with >1 intra-op thread on a busy machine
         # torch's thread pool thrashes (measured 0.33 s vs 13.5 s per decode step, 2 cores).

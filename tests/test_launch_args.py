@@ -206,7 +206,16 @@ def test_cpu_tensor_parallel_is_refused_before_loading(clean_env):
     for argv in (["--tp-size", "2"], ["--tensor-parallel-size=2"], ["--rq-disable", "--tp-size", "2"]):
         with pytest.raises(RQConfigError, match="--tp-size 2 is not supported on the CPU engine"):
             prepare_environment(argv)
-    prepare_environment(["--tp-size", "1"])
+    # --dp-size / --pp-size: SGLang's CPU engine asserts dp x tp x pp NUMA nodes after ~25 s and
+    # the launcher stayed up with no server (a new-user review, 12-06)
+    for argv, named in ((["--dp-size", "2"], "--dp-size 2"), (["--data-parallel-size=3"], "--dp-size 3"),
+                        (["--pp-size", "2"], "--pp-size 2"),
+                        (["--dp-size", "2", "--tp-size", "2"], "--tp-size 2, --dp-size 2")):
+        with pytest.raises(RQConfigError, match=f"{named} is not supported on the CPU engine"):
+            prepare_environment(argv)
+    with pytest.raises(RQConfigError, match="--dp-size=x must be an integer >= 1"):
+        prepare_environment(["--dp-size", "x"])
+    prepare_environment(["--tp-size", "1", "--dp-size", "1", "--pp-size", "1"])
 
 
 def test_tp_size_must_divide_kv_heads_before_weights_load(tmp_path):
@@ -298,7 +307,12 @@ def test_mistyped_flag_is_one_line_with_the_closest_flags():
         for value in ("0", "-5"):
             with pytest.raises(RQConfigError, match=f"{flag}={value} must be > 0"):
                 check_sglang_flags(["--model-path", "x", flag, value])
-        check_sglang_flags(["--model-path", "x", flag, "1"])
+        check_sglang_flags(["--model-path", "x", flag, "64" if flag == "--max-total-tokens" else "1"])
+    # a pool of 10 slots loaded the model, then failed SGLang's warm-up (rc 137; 12-06): the
+    # warm-up's prompt and 8 new tokens need MIN_POOL_TOKENS (64)
+    for value in ("10", "63"):
+        with pytest.raises(RQConfigError, match=f"--max-total-tokens {value} is below 64"):
+            check_sglang_flags(["--model-path", "x", "--max-total-tokens", value])
 
 
 @pytest.mark.parametrize("flag,value", [("--rq-kv-budget-gb", "-1"), ("--rq-kv-budget-gb", "0"),
