@@ -1,6 +1,7 @@
 """HTTP-level request refusals of the main server process: validation errors without server
 internals (`install`), a cap on the request body (`install_body_limit`), and a 400 for a JSON
-body that is not an object where SGLang's request model fails on one (`install_object_bodies`).
+body that is not an object where SGLang's request model fails on one (`install_object_bodies`),
+and on the CPU engine a 400 for the routes that end it (`install_cpu_refusals`).
 
 SGLang 0.5.23 answers a request that fails validation (a field of the wrong type, a missing one,
 malformed JSON, a wrong content type) with 400 and ``str(exc)`` of FastAPI's
@@ -227,6 +228,44 @@ def install_object_bodies(app: Any) -> frozenset[str]:
     if paths:
         app.user_middleware.append(Middleware(ObjectBody, paths=paths))
     return paths
+
+
+class RefusedRoutes:
+    """ASGI middleware: answer 400 with ``refused[path]`` to a POST on one of its paths."""
+
+    def __init__(self, app: Any, refused: dict[str, str]) -> None:
+        self.app, self.refused = app, refused
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        why = (self.refused.get(scope["path"])
+               if scope["type"] == "http" and scope["method"] == "POST" else None)
+        if why is None:
+            return await self.app(scope, receive, send)
+        await send_error(send, 400, "BadRequestError", why)
+
+
+# SGLang 0.5.23's routes that end the CPU engine: the scheduler synchronizes a CUDA device
+# (weight_updater: torch.get_device_module().synchronize(), "Found no NVIDIA driver") and every
+# process exits (a new-user review, 12-06)
+CPU_REFUSED = {path: f"{path} is not supported on the CPU engine (it needs a CUDA device)"
+               for path in ("/release_memory_occupation", "/resume_memory_occupation")}
+
+
+def install_cpu_refusals(app: Any) -> None:
+    """Put `RefusedRoutes` with `CPU_REFUSED` on the FastAPI ``app`` (before it starts): for the
+    CPU engine, where those routes killed the server.
+
+    Raises
+    ------
+    RuntimeError
+        If the app has already started (its middleware stack is built).
+    """
+    from starlette.middleware import Middleware
+
+    if app.middleware_stack is not None:
+        raise RuntimeError("sglang-rq: the CPU route refusals must be installed before the HTTP "
+                           "app starts")
+    app.user_middleware.append(Middleware(RefusedRoutes, refused=CPU_REFUSED))
 
 
 def install_body_limit(app: Any, max_bytes: int) -> None:

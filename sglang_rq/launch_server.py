@@ -732,6 +732,8 @@ def main(argv: list[str] | None = None) -> None:
     http_errors.install(app)  # validation errors without the server's file paths
     http_errors.install_body_limit(app, env.RQ_MAX_REQUEST_BYTES.get())
     http_errors.install_object_bodies(app)  # inside the limit: sees a bounded body
+    if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":  # set by prepare_environment
+        http_errors.install_cpu_refusals(app)
     run_server(server_args)
 
 

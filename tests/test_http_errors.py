@@ -205,3 +205,24 @@ def test_object_body_check_refuses_a_started_app():
     TestClient(app).post("/v1/completions", json={"prompt": "x"})  # builds the middleware stack
     with pytest.raises(RuntimeError, match="before the HTTP app starts"):
         http_errors.install_object_bodies(app)
+
+
+def test_cpu_refusals_answer_400_on_memory_occupation_routes_and_pass_others():
+    """On the CPU engine, SGLang 0.5.23's ``/release_memory_occupation`` synchronized a CUDA
+    device in the scheduler and every process exited (a new-user review, 12-06): with
+    `install_cpu_refusals` a POST there (and to ``/resume_memory_occupation``) is a 400 naming
+    the route, never reaching the endpoint; other routes and other methods pass."""
+    calls: list[int] = []
+    app = _echo_app(calls)
+    for path in ("/release_memory_occupation", "/resume_memory_occupation"):
+        app.post(path)(lambda: calls.append(2))
+    http_errors.install_cpu_refusals(app)
+    client = TestClient(app)
+    for path in ("/release_memory_occupation", "/resume_memory_occupation"):
+        r = client.post(path, json={})
+        assert r.status_code == 400
+        assert r.json()["message"] == f"{path} is not supported on the CPU engine (it needs a CUDA device)"
+    assert calls == []  # refused before the endpoints
+    assert client.post("/generate", content=b"hello").json() == {"bytes": 5} and calls == [1]
+    with pytest.raises(RuntimeError, match="before the HTTP app starts"):
+        http_errors.install_cpu_refusals(app)
