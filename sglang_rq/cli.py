@@ -40,6 +40,9 @@ def kv_size(argv: list[str]) -> int:
     p.add_argument("--staging-tokens", type=int, default=None,
                    help="Tokens per forward held in BF16 staging (fixed overhead); overrides the "
                         "value derived from the SGLang flags above, as --rq-staging-tokens does.")
+    p.add_argument("--rq-recurrences", type=int, default=None,
+                   help="A Huginn model's recurrences per token, as `serve --rq-recurrences` "
+                        "(default: the config's mean_recurrence).")
     p.add_argument("--json", action="store_true", help="Print one JSON object.")
     add_cli_args(p)
     args = p.parse_args(argv)
@@ -51,7 +54,16 @@ def kv_size(argv: list[str]) -> int:
         p.error(f"--memory-gb={args.memory_gb} is past what a byte count holds (2^33 GiB)")
     if args.tp_size < 1:
         p.error(f"--tp-size={args.tp_size} must be >= 1")
-    shape = layout.ModelKVShape.from_hf_config(args.model_config, tp_size=args.tp_size)
+    config = args.model_config
+    if args.rq_recurrences is not None:  # serve sets it as mean_recurrence (with_recurrences)
+        if not 1 <= args.rq_recurrences <= layout.MAX_LOOPS:
+            p.error(f"--rq-recurrences={args.rq_recurrences} must be in 1 .. {layout.MAX_LOOPS}")
+        hf = layout.ModelKVShape.read_hf_config(config)
+        if hf.get("model_type") != layout.HUGINN_MODEL_TYPE:
+            p.error(f"--rq-recurrences applies to Huginn recurrent-depth models (model_type "
+                    f"{layout.HUGINN_MODEL_TYPE!r}); {config} is {hf.get('model_type')!r}")
+        config = {**hf, "mean_recurrence": args.rq_recurrences}
+    shape = layout.ModelKVShape.from_hf_config(config, tp_size=args.tp_size)
     cfg = RQConfig.from_args(args)
     try:  # a rotation file `serve` would refuse (its bytes come from the shape alone)
         check_rotation_file(cfg, num_layers=shape.num_layers, num_kv_heads=shape.num_kv_heads,

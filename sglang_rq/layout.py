@@ -36,6 +36,12 @@ FP8_BYTES = 1
 BF16_BYTES = 2
 
 
+def _config_file(path: str | Path) -> Path:
+    """``path`` itself, or the ``config.json`` in it where it is a directory."""
+    path = Path(path)
+    return path / "config.json" if path.is_dir() else path
+
+
 @dataclass(frozen=True)
 class ModelKVShape:
     """The KV shape of a (looped) model.
@@ -98,6 +104,25 @@ class ModelKVShape:
                 for c in range(self.coda_layers)]
         return tuple(pre + core + coda)
 
+    @staticmethod
+    def read_hf_config(path: str | Path) -> Mapping[str, Any]:
+        """The JSON object of a ``config.json`` file, or of the one in directory ``path``.
+
+        Raises
+        ------
+        RQConfigError
+            If the file cannot be read, is not JSON, or is not a JSON object (names the file).
+        """
+        where = f"--model-config={_config_file(path)}"
+        try:
+            hf = json.loads(_config_file(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise RQConfigError(f"{where}: cannot read a JSON config ({exc})") from exc
+        if not isinstance(hf, Mapping):
+            raise RQConfigError(f"{where}: the config is a JSON {type(hf).__name__}, not an "
+                                "object")
+        return hf
+
     @classmethod
     def from_hf_config(cls, path_or_dict: str | Path | Mapping[str, Any], *,
                        tp_size: int = 1) -> ModelKVShape:
@@ -123,16 +148,8 @@ class ModelKVShape:
         if isinstance(path_or_dict, Mapping):
             hf = path_or_dict
         else:
-            path = Path(path_or_dict)
-            path = path / "config.json" if path.is_dir() else path
-            where = f"--model-config={path}"
-            try:
-                hf = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                raise RQConfigError(f"{where}: cannot read a JSON config ({exc})") from exc
-        if not isinstance(hf, Mapping):
-            raise RQConfigError(f"{where}: the config is a JSON {type(hf).__name__}, not an "
-                                "object")
+            where = f"--model-config={_config_file(path_or_dict)}"
+            hf = cls.read_hf_config(path_or_dict)
         for key in (*COUNT_FIELDS, *HUGINN_UNLOOPED_FIELDS):
             value, least = hf.get(key), 0 if key in HUGINN_UNLOOPED_FIELDS else 1
             if value is not None and (isinstance(value, bool)

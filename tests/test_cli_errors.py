@@ -244,3 +244,22 @@ def test_eval_server_errors_carry_the_servers_reason():
         _ok(r)
     r.status_code = 200
     assert _ok(r) is r
+
+
+def test_kv_size_takes_huginn_recurrences_as_serve_does():
+    """README's Huginn example serves ``--rq-recurrences 8``; ``kv-size`` had no such flag, so it
+    could only size the config's 32 recurrences (a new-user review, 12-06). With the flag it sizes
+    the config with ``mean_recurrence`` 8, as serve's ``--json-model-override-args`` does: 3,936 B
+    per token, what the served pool exported as ``sglang_rq_kv_bytes_per_token`` in that review
+    (against 11,136 B at 32, README's table)."""
+    import json
+
+    r = _cli("kv-size", "--model-config", str(HUGINN), "--rq-recurrences", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["bytes_per_token"] == 3936
+    r = _cli("kv-size", "--model-config", str(HUGINN), "--json")
+    assert json.loads(r.stdout)["bytes_per_token"] == 11136
+    r = _cli("kv-size", "--model-config", str(EMBEDDED_MODEL), "--rq-recurrences", "8")
+    assert r.returncode == 2 and "--rq-recurrences applies to Huginn" in r.stderr
+    r = _cli("kv-size", "--model-config", str(HUGINN), "--rq-recurrences", "0")
+    assert r.returncode == 2 and "--rq-recurrences=0 must be in 1 .. 1024" in r.stderr

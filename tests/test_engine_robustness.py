@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from sglang_rq.launch_server import has_cuda
 from sglang_rq.models.embedded import EMBEDDED_MODEL
 from tests.server import Server
 
@@ -219,6 +220,10 @@ CASES: list[tuple[str, str, object, int]] = [
     ("stop-regex-nested-repeat-chat", CHAT, {"model": "m", "messages": MSG, "max_tokens": 2,
                                              "stop_regex": ["\\n", "(\\w*\\s?)*$"]}, 400),
 ]
+if not has_cuda():  # the CPU engine: these routes synchronized a CUDA device in the scheduler
+    # and every process exited (a new-user review, 12-06); sglang_rq.http_errors.CPU_REFUSED
+    CASES += [("release-memory-occupation-cpu", "/release_memory_occupation", {}, 400),
+              ("resume-memory-occupation-cpu", "/resume_memory_occupation", {}, 400)]
 
 
 def _send(url: str, route: str, body: object) -> requests.Response:
