@@ -26,7 +26,7 @@ from sglang_rq.cli_values import MAX_WAIT_S, positive_error
 from sglang_rq.config import RQConfig, RQConfigError, add_cli_args
 from sglang_rq.layout import HUGINN_MODEL_TYPE, MAX_LOOPS, ModelKVShape
 from sglang_rq.models.embedded import EMBEDDED_MODEL
-from sglang_rq.server_process import port_in_use_reason
+from sglang_rq.server_process import port_in_use_reason, port_range_reason
 CPU_SHIMS = Path(__file__).resolve().parent / "_cpu_shims"
 CPU_DEFAULTS = {"--max-total-tokens": "16384", "--max-running-requests": "32",
                 "--chunked-prefill-size": "2048"}
@@ -386,6 +386,9 @@ def check_sglang_flags(argv: list[str]) -> None:
                         ("--max-running-requests", parsed.max_running_requests)):
         if (err := positive_error(flag, value)) is not None:
             raise RQConfigError(err)
+    # the port's range here, before the model loads (the bind is checked after the import)
+    if (why := port_range_reason(parsed.port)) is not None:
+        raise RQConfigError(why)
     # a pool under MIN_POOL_TOKENS failed SGLang's warm-up after the model loaded (rc 137; a
     # new-user review, 12-06), as a --rq-kv-budget-gb that small did (check_kv_budget)
     if parsed.max_total_tokens is not None and parsed.max_total_tokens < MIN_POOL_TOKENS:

@@ -52,14 +52,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_range_reason(port: int) -> str | None:
+    """Why ``port`` cannot be a TCP port (None if it can be): outside 1-65535 (the resolver
+    would wrap 99999 to 34463 and SGLang would listen there)."""
+    return None if 1 <= port <= 65535 else f"--port={port}: must be 1-65535"
+
+
 def port_in_use_reason(host: str, port: int) -> str | None:
     """Why ``sglang-rq serve`` cannot listen on ``host:port`` now (None if it can): bound the way
     uvicorn binds (``SO_REUSEADDR``, so a port in TIME_WAIT is not refused). SGLang 0.5.23 logs
     a failed bind and keeps running without an HTTP port, and a client of that port then talks
     to whatever holds it, so the launcher refuses first. A port outside 1-65535 is refused by
-    number (the resolver would wrap 99999 to 34463 and SGLang would listen there)."""
-    if not 1 <= port <= 65535:
-        return f"--port={port}: must be 1-65535"
+    number (`port_range_reason`)."""
+    if (why := port_range_reason(port)) is not None:
+        return why
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as exc:
