@@ -22,7 +22,9 @@ temperature,
 ``sglang.srt.utils.auth.decide_request_auth`` (AROUND: the readiness probe ``/rq/ready`` needs no
 ``--api-key``, as SGLang's ``/health`` and ``/ready`` need none),
 ``OpenAIServingChat._validate_request`` (AROUND: a chat ``max_completion_tokens`` below 1 is a
-400; SGLang read 0 as unset and generated to the end of the context), and
+400; SGLang read 0 as unset and generated to the end of the context),
+``WeightUpdater.update_weights_from_disk`` (AROUND: a failed update reloads the weights the
+server had, instead of ending it), and
 ``CpuDeviceMixin.empty_cache`` (AFTER: ``malloc_trim(0)``, so ``/flush_cache`` on a CPU server
 returns the C heap's free pages to the OS; docs/robustness.md section 6).
 
@@ -51,6 +53,8 @@ HOOK_TARGETS = (
     "sglang.srt.managers.io_struct.GenerateReqInput._handle_parallel_sampling",
     "sglang.srt.utils.auth.decide_request_auth",
     "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._validate_request",
+    "sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater"
+    ".update_weights_from_disk",
 )
 RQ_BACKENDS = ("rq_native", "rq_triton")
 
@@ -76,8 +80,9 @@ def register() -> None:
 
     cfg = RQConfig.from_json(raw)
     targets = [HOOK_TARGETS[2], HOOK_TARGETS[4], HOOK_TARGETS[5], HOOK_TARGETS[6],
-               HOOK_TARGETS[7], HOOK_TARGETS[8]]
+               HOOK_TARGETS[7], HOOK_TARGETS[8], HOOK_TARGETS[9]]
     HookRegistry.register(HOOK_TARGETS[7], _probe_auth_hook, HookType.AROUND)
+    HookRegistry.register(HOOK_TARGETS[9], _weights_from_disk_hook, HookType.AROUND)
     HookRegistry.register(HOOK_TARGETS[8], _chat_request_hook, HookType.AROUND)
     HookRegistry.register(HOOK_TARGETS[2], _budget_hook, HookType.AROUND)
     HookRegistry.register(HOOK_TARGETS[4], _input_ids_hook, HookType.AROUND)
@@ -281,6 +286,35 @@ def _chat_request_hook(original, self, request, *args, **kwargs):
     if limit is not None and limit < 1:
         return f"max_completion_tokens must be at least 1, got {limit}"
     return original(self, request, *args, **kwargs)
+
+
+def _weights_from_disk_hook(original, self, model_path, *args, **kwargs):
+    """AROUND ``WeightUpdater.update_weights_from_disk`` (``/update_weights_from_disk``; returns
+    ``(success, message)``): when the update raises, reload the weights the server had and
+    answer ``(False, reason)``.
+
+    SGLang 0.5.23 sets ``model_config.model_path`` to the new checkpoint before loading it, so
+    its rollback after a failed load reloads the new checkpoint again, outside its ``try``: a
+    checkpoint with a tensor the model does not have (mini-Huginn's into a mini-Ouro server)
+    raised in the scheduler and every process exited (a new-user review, 12-06). Here the old
+    path is restored and the whole checkpoint reloaded from it; a failure of that reload is
+    raised (the weights are then neither checkpoint's).
+    """
+    old = self.model_config.model_path
+    try:
+        return original(self, model_path, *args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - any failure of the update is answered, not fatal
+        if model_path == old:
+            raise  # the reload below would be this same load
+        self.model_config.model_path = old
+        logger.warning("sglang-rq: updating the weights from %s failed (%s); reloading %s",
+                       model_path, exc, old)
+        ok, message = original(self, old, *args, **kwargs)
+        if not ok:
+            raise RuntimeError(f"reloading the weights of {old} after a failed update from "
+                               f"{model_path} failed: {message}") from exc
+        return False, (f"Failed to update weights from {model_path}: {exc}. The weights of "
+                       f"{old} were reloaded.")
 
 
 def _input_ids_hook(original, self, obj, input_ids, *args, **kwargs):

@@ -139,7 +139,7 @@ def test_doctor_json_report(doctor_json):
     # the default (RQ) configuration installs 9 hooks: cell size, fixed overhead, byte budget,
     # pool class, input-ids validation, CPU heap trim, n validation, the readiness probe's
     # auth, chat request validation (sglang_rq/plugin.py docstring)
-    assert "9/9 hooks applied" in checks["plugin"]["detail"]
+    assert "10/10 hooks applied" in checks["plugin"]["detail"]
     import torch
 
     if not torch.cuda.is_available():

@@ -300,3 +300,25 @@ def test_body_limit_holds_against_a_lying_content_length_and_is_counted(server):
     text = requests.get(server.url + "/metrics", timeout=TIMEOUT_S).text
     assert re.search(r'^sglang:\w+\{[^}]*status_code="413"[^}]*\} [1-9]', text, re.M), \
         [ln for ln in text.splitlines() if "status_code" in ln][:5]
+
+
+def test_update_weights_from_an_incompatible_checkpoint_keeps_the_server(ckpt, server):
+    """A new-user review (12-06): ``/update_weights_from_disk`` with mini-Huginn's checkpoint on a
+    mini-Ouro server raised in Ouro's loader, and SGLang 0.5.23's rollback reloaded the new path
+    again (it had already set ``model_config.model_path``) outside its ``try``: every process
+    exited. The plugin's hook reloads the weights the server had: the update is refused with the
+    loader's reason, the same greedy tokens come back, and an update from the served checkpoint
+    itself succeeds."""
+    before = _greedy(server.url)
+    huginn = EMBEDDED_MODEL.parent / "mini-huginn"
+    r = requests.post(server.url + "/update_weights_from_disk", timeout=300,
+                      json={"model_path": str(huginn)})
+    body = r.json()
+    assert body["success"] is False, body
+    assert "has no parameter" in body["message"] and "were reloaded" in body["message"], body
+    assert requests.get(server.url + "/health", timeout=TIMEOUT_S).status_code == 200
+    assert _greedy(server.url) == before
+    r = requests.post(server.url + "/update_weights_from_disk", timeout=300,
+                      json={"model_path": str(ckpt)})
+    assert r.status_code == 200 and r.json()["success"] is True, r.text
+    assert _greedy(server.url) == before
