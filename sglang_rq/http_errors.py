@@ -204,6 +204,22 @@ def _fails_outside_validation(model: Any) -> bool:
     return False
 
 
+def _append_middleware(app: Any, what: str, cls: type, **options: Any) -> None:
+    """Append ASGI middleware ``cls(app, **options)`` innermost of the FastAPI ``app``'s
+    middleware; ``what`` names it in the error.
+
+    Raises
+    ------
+    RuntimeError
+        If the app has already started (its middleware stack is built).
+    """
+    from starlette.middleware import Middleware
+
+    if app.middleware_stack is not None:
+        raise RuntimeError(f"sglang-rq: {what} must be installed before the HTTP app starts")
+    app.user_middleware.append(Middleware(cls, **options))
+
+
 def install_object_bodies(app: Any) -> frozenset[str]:
     """Put `ObjectBody` on the FastAPI ``app``'s POST routes whose body model fails outside
     validation on a non-object body (`_fails_outside_validation`; SGLang 0.5.23:
@@ -215,9 +231,8 @@ def install_object_bodies(app: Any) -> frozenset[str]:
         If the app has already started (its middleware stack is built).
     """
     import pydantic
-    from starlette.middleware import Middleware
 
-    if app.middleware_stack is not None:
+    if app.middleware_stack is not None:  # before reading the routes
         raise RuntimeError("sglang-rq: the object-body check must be installed before the HTTP "
                            "app starts")
     paths = frozenset(  # FastAPI's own reading of each route's body parameters
@@ -226,7 +241,7 @@ def install_object_bodies(app: Any) -> frozenset[str]:
         if isinstance(model := field.field_info.annotation, type)
         and issubclass(model, pydantic.BaseModel) and _fails_outside_validation(model))
     if paths:
-        app.user_middleware.append(Middleware(ObjectBody, paths=paths))
+        _append_middleware(app, "the object-body check", ObjectBody, paths=paths)
     return paths
 
 
@@ -260,12 +275,7 @@ def install_cpu_refusals(app: Any) -> None:
     RuntimeError
         If the app has already started (its middleware stack is built).
     """
-    from starlette.middleware import Middleware
-
-    if app.middleware_stack is not None:
-        raise RuntimeError("sglang-rq: the CPU route refusals must be installed before the HTTP "
-                           "app starts")
-    app.user_middleware.append(Middleware(RefusedRoutes, refused=CPU_REFUSED))
+    _append_middleware(app, "the CPU route refusals", RefusedRoutes, refused=CPU_REFUSED)
 
 
 def install_body_limit(app: Any, max_bytes: int) -> None:
@@ -282,11 +292,6 @@ def install_body_limit(app: Any, max_bytes: int) -> None:
     RuntimeError
         If the app has already started (its middleware stack is built).
     """
-    from starlette.middleware import Middleware
-
     if max_bytes < 1:
         raise ValueError(f"max_bytes={max_bytes} must be >= 1 (--rq-max-request-bytes)")
-    if app.middleware_stack is not None:
-        raise RuntimeError("sglang-rq: the request-body limit must be installed before the HTTP "
-                           "app starts")
-    app.user_middleware.append(Middleware(BodyLimit, max_bytes=max_bytes))
+    _append_middleware(app, "the request-body limit", BodyLimit, max_bytes=max_bytes)
