@@ -56,12 +56,9 @@ def kv_size(argv: list[str]) -> int:
         p.error(f"--tp-size={args.tp_size} must be >= 1")
     config = args.model_config
     if args.rq_recurrences is not None:  # serve sets it as mean_recurrence (with_recurrences)
-        if not 1 <= args.rq_recurrences <= layout.MAX_LOOPS:
-            p.error(f"--rq-recurrences={args.rq_recurrences} must be in 1 .. {layout.MAX_LOOPS}")
         hf = layout.ModelKVShape.read_hf_config(config)
-        if hf.get("model_type") != layout.HUGINN_MODEL_TYPE:
-            p.error(f"--rq-recurrences applies to Huginn recurrent-depth models (model_type "
-                    f"{layout.HUGINN_MODEL_TYPE!r}); {config} is {hf.get('model_type')!r}")
+        if (err := layout.recurrences_error(hf, args.rq_recurrences, config)) is not None:
+            p.error(err)
         config = {**hf, "mean_recurrence": args.rq_recurrences}
     shape = layout.ModelKVShape.from_hf_config(config, tp_size=args.tp_size)
     cfg = RQConfig.from_args(args)

@@ -24,7 +24,7 @@ from sglang_rq import env
 from sglang_rq.canary_spec import CanarySpec, load_spec_for
 from sglang_rq.cli_values import MAX_WAIT_S, positive_error
 from sglang_rq.config import RQConfig, RQConfigError, add_cli_args
-from sglang_rq.layout import HUGINN_MODEL_TYPE, MAX_LOOPS, ModelKVShape
+from sglang_rq.layout import ModelKVShape, recurrences_error
 from sglang_rq.models.embedded import EMBEDDED_MODEL
 from sglang_rq.server_process import port_in_use_reason, port_range_reason
 CPU_SHIMS = Path(__file__).resolve().parent / "_cpu_shims"
@@ -565,14 +565,9 @@ def with_recurrences(argv: list[str], recurrences: int) -> list[str]:
         a Huginn model, or a ``--json-model-override-args`` that sets another
         ``mean_recurrence``.
     """
-    if not 1 <= recurrences <= MAX_LOOPS:
-        raise RQConfigError(f"--rq-recurrences={recurrences} must be in 1 .. {MAX_LOOPS}")
     model = _flag_value(argv, "--model-path", "--model")
-    hf = _local_model_config(model)
-    if hf is not None and hf.get("model_type") != HUGINN_MODEL_TYPE:
-        raise RQConfigError(f"--rq-recurrences applies to Huginn recurrent-depth models "
-                            f"(model_type {HUGINN_MODEL_TYPE!r}); {model} is "
-                            f"{hf.get('model_type')!r}")
+    if (err := recurrences_error(_local_model_config(model), recurrences, model)) is not None:
+        raise RQConfigError(err)
     given = _argv_overrides(argv)
     if given.get("mean_recurrence", recurrences) != recurrences:
         raise RQConfigError(f"--rq-recurrences={recurrences} and --json-model-override-args' "

@@ -36,6 +36,18 @@ FP8_BYTES = 1
 BF16_BYTES = 2
 
 
+def recurrences_error(hf: Mapping[str, Any] | None, recurrences: int, model: str) -> str | None:
+    """Why ``--rq-recurrences`` ``recurrences`` cannot apply to the model ``model`` whose
+    ``config.json`` is ``hf`` (None where not local), or None where it can: a count outside
+    1 .. `MAX_LOOPS`, or a model that is not Huginn (`HUGINN_MODEL_TYPE`)."""
+    if not 1 <= recurrences <= MAX_LOOPS:
+        return f"--rq-recurrences={recurrences} must be in 1 .. {MAX_LOOPS}"
+    if hf is not None and hf.get("model_type") != HUGINN_MODEL_TYPE:
+        return (f"--rq-recurrences applies to Huginn recurrent-depth models (model_type "
+                f"{HUGINN_MODEL_TYPE!r}); {model} is {hf.get('model_type')!r}")
+    return None
+
+
 def _config_file(path: str | Path) -> Path:
     """``path`` itself, or the ``config.json`` in it where it is a directory."""
     path = Path(path)
