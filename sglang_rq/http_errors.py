@@ -204,6 +204,13 @@ def _fails_outside_validation(model: Any) -> bool:
     return False
 
 
+def _require_unstarted(app: Any, what: str) -> None:
+    """Raise RuntimeError naming ``what`` if the FastAPI ``app`` has already started (its
+    middleware stack is built: middleware added now would never run)."""
+    if app.middleware_stack is not None:
+        raise RuntimeError(f"sglang-rq: {what} must be installed before the HTTP app starts")
+
+
 def _append_middleware(app: Any, what: str, cls: type, **options: Any) -> None:
     """Append ASGI middleware ``cls(app, **options)`` innermost of the FastAPI ``app``'s
     middleware; ``what`` names it in the error.
@@ -211,12 +218,11 @@ def _append_middleware(app: Any, what: str, cls: type, **options: Any) -> None:
     Raises
     ------
     RuntimeError
-        If the app has already started (its middleware stack is built).
+        If the app has already started (`_require_unstarted`).
     """
     from starlette.middleware import Middleware
 
-    if app.middleware_stack is not None:
-        raise RuntimeError(f"sglang-rq: {what} must be installed before the HTTP app starts")
+    _require_unstarted(app, what)
     app.user_middleware.append(Middleware(cls, **options))
 
 
@@ -232,9 +238,7 @@ def install_object_bodies(app: Any) -> frozenset[str]:
     """
     import pydantic
 
-    if app.middleware_stack is not None:  # before reading the routes
-        raise RuntimeError("sglang-rq: the object-body check must be installed before the HTTP "
-                           "app starts")
+    _require_unstarted(app, "the object-body check")  # also where no route needs it
     paths = frozenset(  # FastAPI's own reading of each route's body parameters
         route.path for route in app.routes if "POST" in getattr(route, "methods", ())
         for field in getattr(route, "dependant", None) and route.dependant.body_params or ()
