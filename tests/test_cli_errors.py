@@ -249,9 +249,16 @@ def test_eval_server_errors_carry_the_servers_reason():
 def test_kv_size_takes_huginn_recurrences_as_serve_does():
     """README's Huginn example serves ``--rq-recurrences 8``; ``kv-size`` had no such flag, so it
     could only size the config's 32 recurrences (a new-user review, 12-06). With the flag it sizes
-    the config with ``mean_recurrence`` 8, as serve's ``--json-model-override-args`` does: 3,936 B
-    per token, what the served pool exported as ``sglang_rq_kv_bytes_per_token`` in that review
-    (against 11,136 B at 32, README's table)."""
+    the config with ``mean_recurrence`` 8, as serve's ``--json-model-override-args`` does.
+
+    By hand (mini-Huginn: 2 core layers, 2 KV heads, head_dim 96, a 16-bit prelude and coda
+    layer; the default format, loop groups of 4): an un-looped layer holds 2 (K, V) x 2 heads x
+    96 x 2 B = 768 B; a core layer's loop group per (K or V, head) holds a 4-bit anchor (48 B),
+    three 2-bit residuals (3 x 24 B), FP8 (scale, offset) for 4 loops x 3 groups of 32 (24 B)
+    and three bf16 LSQ coefficients (6 B): 150 B. At 8 recurrences (2 groups): 2 x 768 +
+    2 layers x 2 groups x 2 x 2 x 150 = 3,936 B, what the served pool exported as
+    ``sglang_rq_kv_bytes_per_token`` in that review; at 32 (8 groups) 1,536 + 9,600 = 11,136 B,
+    README's table."""
     import json
 
     r = _cli("kv-size", "--model-config", str(HUGINN), "--rq-recurrences", "8", "--json")
