@@ -24,7 +24,9 @@ temperature,
 ``OpenAIServingChat._validate_request`` (AROUND: a chat ``max_completion_tokens`` below 1 is a
 400; SGLang read 0 as unset and generated to the end of the context),
 ``WeightUpdater.update_weights_from_disk`` (AROUND: a failed update reloads the weights the
-server had, instead of ending it), and
+server had, instead of ending it),
+``GenerateReqInput._determine_batch_size`` (AROUND: an ``input_embeds`` of ``[]`` or ``[[]]``
+is a 400; SGLang indexed its first row, a 500), and
 ``CpuDeviceMixin.empty_cache`` (AFTER: ``malloc_trim(0)``, so ``/flush_cache`` on a CPU server
 returns the C heap's free pages to the OS; docs/robustness.md section 6).
 
@@ -55,6 +57,7 @@ HOOK_TARGETS = (
     "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._validate_request",
     "sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater"
     ".update_weights_from_disk",
+    "sglang.srt.managers.io_struct.GenerateReqInput._determine_batch_size",
 )
 RQ_BACKENDS = ("rq_native", "rq_triton")
 
@@ -80,7 +83,7 @@ def register() -> None:
 
     cfg = RQConfig.from_json(raw)
     targets = [HOOK_TARGETS[2], HOOK_TARGETS[4], HOOK_TARGETS[5], HOOK_TARGETS[6],
-               HOOK_TARGETS[7], HOOK_TARGETS[8], HOOK_TARGETS[9]]
+               HOOK_TARGETS[7], HOOK_TARGETS[8], HOOK_TARGETS[9], HOOK_TARGETS[10]]
     HookRegistry.register(HOOK_TARGETS[7], _probe_auth_hook, HookType.AROUND)
     HookRegistry.register(HOOK_TARGETS[9], _weights_from_disk_hook, HookType.AROUND)
     HookRegistry.register(HOOK_TARGETS[8], _chat_request_hook, HookType.AROUND)
@@ -88,6 +91,7 @@ def register() -> None:
     HookRegistry.register(HOOK_TARGETS[4], _input_ids_hook, HookType.AROUND)
     HookRegistry.register(HOOK_TARGETS[5], _trim_heap_hook, HookType.AFTER)
     HookRegistry.register(HOOK_TARGETS[6], _parallel_samples_hook, HookType.AROUND)
+    HookRegistry.register(HOOK_TARGETS[10], _embeds_batch_hook, HookType.AROUND)
     if cfg.enabled:
         _Runtime.cfg = cfg
         targets = list(HOOK_TARGETS)
@@ -381,6 +385,31 @@ def _check_input_embeds(embeds, hidden: int) -> None:
             got = f"{len(row)} values" if isinstance(row, list) else f"a {type(row).__name__}"
             raise ValueError(f"input_embeds row {i} holds {got}: each row must hold the model's "
                              f"hidden size, {hidden} numbers")
+
+
+def _embeds_batch_hook(original, self):
+    """AROUND ``GenerateReqInput._determine_batch_size`` (where SGLang reads
+    ``input_embeds[0][0]`` to tell one prompt from a batch): refuse an ``input_embeds`` with no
+    first row (`_check_embeds_batch`), then run SGLang's own."""
+    _check_embeds_batch(self)
+    return original(self)
+
+
+def _check_embeds_batch(obj) -> None:
+    """Raise ValueError when request ``obj`` carries only ``input_embeds`` (SGLang drops them
+    beside ``text`` or ``input_ids``) and that list, or its first entry, is empty: ``[]`` or
+    ``[[]]``. SGLang 0.5.23 tells one prompt (``[tokens][hidden]``) from a batch
+    (``[prompts][tokens][hidden]``) by ``input_embeds[0][0]``, so both were an ``IndexError``
+    and a 500, before `_input_ids_hook` runs (a new-user review, 12-06). Other shapes are left
+    to SGLang's request model and `_check_input_embeds`."""
+    embeds = obj.input_embeds
+    if obj.text is not None or obj.input_ids is not None or not isinstance(embeds, list):
+        return
+    empty = ("input_embeds" if not embeds else
+             "input_embeds[0]" if isinstance(embeds[0], list) and not embeds[0] else None)
+    if empty is not None:
+        raise ValueError(f"{empty} is empty: send one row of the model's hidden size per token "
+                         "(for a batch, one list of such rows per prompt)")
 
 
 def _per_prompt(value) -> list:
