@@ -26,7 +26,9 @@ temperature,
 ``WeightUpdater.update_weights_from_disk`` (AROUND: a failed update reloads the weights the
 server had, instead of ending it),
 ``GenerateReqInput._determine_batch_size`` (AROUND: an ``input_embeds`` of ``[]`` or ``[[]]``
-is a 400; SGLang indexed its first row, a 500), and
+is a 400; SGLang indexed its first row, a 500),
+``OpenAIServingDetokenize._validate_request`` (AROUND: ``/v1/detokenize`` token ids below 0 or
+past 32 bits are a 400; the tokenizer's ``OverflowError`` was a 500), and
 ``CpuDeviceMixin.empty_cache`` (AFTER: ``malloc_trim(0)``, so ``/flush_cache`` on a CPU server
 returns the C heap's free pages to the OS; docs/robustness.md section 6).
 
@@ -58,6 +60,7 @@ HOOK_TARGETS = (
     "sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater"
     ".update_weights_from_disk",
     "sglang.srt.managers.io_struct.GenerateReqInput._determine_batch_size",
+    "sglang.srt.entrypoints.openai.serving_tokenize.OpenAIServingDetokenize._validate_request",
 )
 RQ_BACKENDS = ("rq_native", "rq_triton")
 
@@ -83,7 +86,8 @@ def register() -> None:
 
     cfg = RQConfig.from_json(raw)
     targets = [HOOK_TARGETS[2], HOOK_TARGETS[4], HOOK_TARGETS[5], HOOK_TARGETS[6],
-               HOOK_TARGETS[7], HOOK_TARGETS[8], HOOK_TARGETS[9], HOOK_TARGETS[10]]
+               HOOK_TARGETS[7], HOOK_TARGETS[8], HOOK_TARGETS[9], HOOK_TARGETS[10],
+               HOOK_TARGETS[11]]
     HookRegistry.register(HOOK_TARGETS[7], _probe_auth_hook, HookType.AROUND)
     HookRegistry.register(HOOK_TARGETS[9], _weights_from_disk_hook, HookType.AROUND)
     HookRegistry.register(HOOK_TARGETS[8], _chat_request_hook, HookType.AROUND)
@@ -92,6 +96,7 @@ def register() -> None:
     HookRegistry.register(HOOK_TARGETS[5], _trim_heap_hook, HookType.AFTER)
     HookRegistry.register(HOOK_TARGETS[6], _parallel_samples_hook, HookType.AROUND)
     HookRegistry.register(HOOK_TARGETS[10], _embeds_batch_hook, HookType.AROUND)
+    HookRegistry.register(HOOK_TARGETS[11], _detokenize_request_hook, HookType.AROUND)
     if cfg.enabled:
         _Runtime.cfg = cfg
         targets = list(HOOK_TARGETS)
@@ -410,6 +415,34 @@ def _check_embeds_batch(obj) -> None:
     if empty is not None:
         raise ValueError(f"{empty} is empty: send one row of the model's hidden size per token "
                          "(for a batch, one list of such rows per prompt)")
+
+
+TOKEN_ID_END = 1 << 32  # the fast tokenizers' token ids are unsigned 32-bit
+
+
+def _detokenize_request_hook(original, self, request, *args, **kwargs):
+    """AROUND ``OpenAIServingDetokenize._validate_request`` (``/v1/detokenize`` and
+    ``/detokenize``; returns an error message for a 400, or None): token ids the tokenizer
+    cannot take are refused (`_detokenize_ids_error`). SGLang 0.5.23 passes them to the
+    tokenizer's ``decode``, whose ``OverflowError`` ("out of range integral type conversion
+    attempted") it answered with a 500 (a new-user review, 12-06). An id in range but past the
+    vocabulary still decodes to nothing, as in SGLang."""
+    why = _detokenize_ids_error(getattr(request, "tokens", None))
+    return why if why is not None else original(self, request, *args, **kwargs)
+
+
+def _detokenize_ids_error(tokens) -> str | None:
+    """Why ``/v1/detokenize``'s ``tokens`` (a list of ints, or a list of such lists) cannot be
+    decoded, naming the field and the first id below 0 or at or above `TOKEN_ID_END`; None if
+    every id is in range. Other types are left to SGLang's own checks."""
+    if not isinstance(tokens, list):
+        return None
+    for item in tokens:
+        for t in item if isinstance(item, list) else [item]:
+            if isinstance(t, int) and not 0 <= t < TOKEN_ID_END:
+                return (f"tokens holds token id {t}: a token id is an integer from 0 to "
+                        f"{TOKEN_ID_END - 1}")
+    return None
 
 
 def _per_prompt(value) -> list:
