@@ -1,6 +1,7 @@
 """HTTP-level request refusals of the main server process: validation errors without server
 internals (`install`), a cap on the request body (`install_body_limit`), and a 400 for a JSON
-body that is not an object where SGLang's request model fails on one (`install_object_bodies`),
+body, or a chat ``response_format``, that is not an object where SGLang's request model fails
+on one (`install_object_bodies`),
 and on the CPU engine a 400 for the routes that end it (`install_cpu_refusals`).
 
 SGLang 0.5.23 answers a request that fails validation (a field of the wrong type, a missing one,
@@ -148,14 +149,17 @@ def replayer(held: list, receive: Any) -> Any:
 
 
 class ObjectBody:
-    """ASGI middleware: answer 400 to a POST on one of ``paths`` whose body is JSON but not an
-    object (an array, string, number, ``true``/``false`` or ``null``).
+    """ASGI middleware: answer 400 to a POST on one of ``paths`` whose JSON body SGLang's chat
+    request model fails on outside validation (`chat_body_error`): a body that is not an object
+    (an array, string, number, ``true``/``false`` or ``null``), or a ``response_format`` that
+    is not one.
 
     SGLang 0.5.23's ``ChatCompletionRequest`` (``/v1/chat/completions``, ``/invocations``) runs
-    "before" validators that call ``values.get`` on the raw body, so such a body raised
-    ``AttributeError`` inside validation and was answered 500 (docs/robustness.md section 3).
-    A body whose first non-blank byte is ``{`` passes unparsed; any other is parsed once (it is
-    bounded by `BodyLimit`), and a malformed one passes on to SGLang's own 400.
+    "before" validators that call ``.get`` on raw values (the body, and in ``set_json_schema``
+    ``response_format`` and its ``schema``), so such a value raised ``AttributeError`` inside
+    validation and was answered 500 (docs/robustness.md sections 3 and 14). The body is parsed
+    once (it is bounded by `BodyLimit`); a malformed one, or one nested deeper than the parser
+    goes, passes on to SGLang's own 400.
     """
 
     def __init__(self, app: Any, paths: frozenset[str]) -> None:
@@ -173,16 +177,13 @@ class ObjectBody:
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
                 break
-        body = b"".join(chunks)
-        if body.lstrip()[:1] != b"{":
-            try:
-                value = json.loads(body)
-            except ValueError:  # malformed JSON or text (UnicodeDecodeError too): SGLang's 400
-                value = {}
-            if not isinstance(value, dict):
-                return await send_error(send, 400, "BadRequestError",
-                                        "the request body must be a JSON object, got "
-                                        f"{JSON_KINDS[type(value)]}")
+        try:
+            value = json.loads(b"".join(chunks))
+        except (ValueError, RecursionError):  # malformed JSON or text (UnicodeDecodeError
+            value = {}  # too), or nested past the parser's depth: SGLang's own 400
+        why = chat_body_error(value)
+        if why is not None:
+            return await send_error(send, 400, "BadRequestError", why)
         return await self.app(scope, replayer(held, receive), send)
 
 
@@ -190,13 +191,59 @@ JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a numb
               bool: "a boolean", type(None): "null"}
 
 
-def _fails_outside_validation(model: Any) -> bool:
-    """Whether pydantic ``model`` answers a JSON array with an exception other than its
+def chat_body_error(value: Any) -> str | None:
+    """Why SGLang 0.5.23's ``ChatCompletionRequest`` "before" validators would raise outside
+    validation on the parsed JSON body ``value`` (None if they would not): it is not an object,
+    or its ``response_format`` fails (`response_format_error`)."""
+    if not isinstance(value, dict):
+        return f"the request body must be a JSON object, got {JSON_KINDS[type(value)]}"
+    return response_format_error(value.get("response_format"))
+
+
+def response_format_error(fmt: Any) -> str | None:
+    """Why a chat ``response_format`` ``fmt`` (parsed JSON) makes SGLang 0.5.23's
+    ``set_json_schema`` validator raise outside validation, naming the field (None if it does
+    not). That validator reads a truthy ``response_format`` as an object and, in its shorthand
+    ``{"type": "json_schema", "schema": S}`` (no ``json_schema``), a truthy ``S`` as an object,
+    ``S.properties`` (when present) as an object and a truthy ``S.properties.strict`` as an
+    object. Falsy values and every other shape are left to the request model (its 400)."""
+    if not fmt:
+        return None
+    if not isinstance(fmt, dict):
+        return _not_object("response_format", fmt, ' (such as {"type": "json_object"})')
+    schema = fmt.get("schema")
+    if fmt.get("type") != "json_schema" or fmt.get("json_schema") or not schema:
+        return None
+    if not isinstance(schema, dict):
+        return _not_object("response_format.schema", schema, " (a JSON Schema)")
+    if "properties" not in schema:
+        return None
+    props = schema["properties"]
+    if not isinstance(props, dict):
+        return _not_object("response_format.schema.properties", props)
+    strict = props.get("strict")
+    if strict and not isinstance(strict, dict):
+        return _not_object("response_format.schema.properties.strict", strict, " (a JSON Schema)")
+    return None
+
+
+def _not_object(field: str, value: Any, what: str = "") -> str:
+    """The message for ``field`` holding the JSON ``value``, which is not an object."""
+    return f"{field} must be a JSON object{what}, got {JSON_KINDS[type(value)]}"
+
+
+# bodies that SGLang 0.5.23's chat request model fails on outside validation: a route whose body
+# model fails on any of them gets `ObjectBody`
+OBJECT_PROBES = ([], {"response_format": "json"})
+
+
+def _fails_outside_validation(model: Any, body: Any) -> bool:
+    """Whether pydantic ``model`` answers JSON ``body`` with an exception other than its
     ``ValidationError`` (which SGLang turns into a 400; any other is a 500)."""
     import pydantic
 
     try:
-        model.model_validate([])
+        model.model_validate(body)
     except pydantic.ValidationError:
         return False
     except Exception:  # noqa: BLE001 - exactly the ones that escape validation
@@ -228,7 +275,7 @@ def _append_middleware(app: Any, what: str, cls: type, **options: Any) -> None:
 
 def install_object_bodies(app: Any) -> frozenset[str]:
     """Put `ObjectBody` on the FastAPI ``app``'s POST routes whose body model fails outside
-    validation on a non-object body (`_fails_outside_validation`; SGLang 0.5.23:
+    validation on one of `OBJECT_PROBES` (`_fails_outside_validation`; SGLang 0.5.23:
     ``ChatCompletionRequest``'s routes). Returns those routes' paths.
 
     Raises
@@ -243,7 +290,8 @@ def install_object_bodies(app: Any) -> frozenset[str]:
         route.path for route in app.routes if "POST" in getattr(route, "methods", ())
         for field in getattr(route, "dependant", None) and route.dependant.body_params or ()
         if isinstance(model := field.field_info.annotation, type)
-        and issubclass(model, pydantic.BaseModel) and _fails_outside_validation(model))
+        and issubclass(model, pydantic.BaseModel)
+        and any(_fails_outside_validation(model, probe) for probe in OBJECT_PROBES))
     if paths:
         _append_middleware(app, "the object-body check", ObjectBody, paths=paths)
     return paths

@@ -24,7 +24,11 @@ temperature,
 ``OpenAIServingChat._validate_request`` (AROUND: a chat ``max_completion_tokens`` below 1 is a
 400; SGLang read 0 as unset and generated to the end of the context),
 ``WeightUpdater.update_weights_from_disk`` (AROUND: a failed update reloads the weights the
-server had, instead of ending it), and
+server had, instead of ending it),
+``GenerateReqInput._determine_batch_size`` (AROUND: an ``input_embeds`` of ``[]`` or ``[[]]``
+is a 400; SGLang indexed its first row, a 500),
+``OpenAIServingDetokenize._validate_request`` (AROUND: ``/v1/detokenize`` token ids below 0 or
+past 32 bits are a 400; the tokenizer's ``OverflowError`` was a 500), and
 ``CpuDeviceMixin.empty_cache`` (AFTER: ``malloc_trim(0)``, so ``/flush_cache`` on a CPU server
 returns the C heap's free pages to the OS; docs/robustness.md section 6).
 
@@ -55,6 +59,8 @@ HOOK_TARGETS = (
     "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._validate_request",
     "sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater"
     ".update_weights_from_disk",
+    "sglang.srt.managers.io_struct.GenerateReqInput._determine_batch_size",
+    "sglang.srt.entrypoints.openai.serving_tokenize.OpenAIServingDetokenize._validate_request",
 )
 RQ_BACKENDS = ("rq_native", "rq_triton")
 
@@ -80,7 +86,8 @@ def register() -> None:
 
     cfg = RQConfig.from_json(raw)
     targets = [HOOK_TARGETS[2], HOOK_TARGETS[4], HOOK_TARGETS[5], HOOK_TARGETS[6],
-               HOOK_TARGETS[7], HOOK_TARGETS[8], HOOK_TARGETS[9]]
+               HOOK_TARGETS[7], HOOK_TARGETS[8], HOOK_TARGETS[9], HOOK_TARGETS[10],
+               HOOK_TARGETS[11]]
     HookRegistry.register(HOOK_TARGETS[7], _probe_auth_hook, HookType.AROUND)
     HookRegistry.register(HOOK_TARGETS[9], _weights_from_disk_hook, HookType.AROUND)
     HookRegistry.register(HOOK_TARGETS[8], _chat_request_hook, HookType.AROUND)
@@ -88,6 +95,8 @@ def register() -> None:
     HookRegistry.register(HOOK_TARGETS[4], _input_ids_hook, HookType.AROUND)
     HookRegistry.register(HOOK_TARGETS[5], _trim_heap_hook, HookType.AFTER)
     HookRegistry.register(HOOK_TARGETS[6], _parallel_samples_hook, HookType.AROUND)
+    HookRegistry.register(HOOK_TARGETS[10], _embeds_batch_hook, HookType.AROUND)
+    HookRegistry.register(HOOK_TARGETS[11], _detokenize_request_hook, HookType.AROUND)
     if cfg.enabled:
         _Runtime.cfg = cfg
         targets = list(HOOK_TARGETS)
@@ -381,6 +390,59 @@ def _check_input_embeds(embeds, hidden: int) -> None:
             got = f"{len(row)} values" if isinstance(row, list) else f"a {type(row).__name__}"
             raise ValueError(f"input_embeds row {i} holds {got}: each row must hold the model's "
                              f"hidden size, {hidden} numbers")
+
+
+def _embeds_batch_hook(original, self):
+    """AROUND ``GenerateReqInput._determine_batch_size`` (where SGLang reads
+    ``input_embeds[0][0]`` to tell one prompt from a batch): refuse an ``input_embeds`` with no
+    first row (`_check_embeds_batch`), then run SGLang's own."""
+    _check_embeds_batch(self)
+    return original(self)
+
+
+def _check_embeds_batch(obj) -> None:
+    """Raise ValueError when request ``obj`` carries only ``input_embeds`` (SGLang drops them
+    beside ``text`` or ``input_ids``) and that list, or its first entry, is empty: ``[]`` or
+    ``[[]]``. SGLang 0.5.23 tells one prompt (``[tokens][hidden]``) from a batch
+    (``[prompts][tokens][hidden]``) by ``input_embeds[0][0]``, so both were an ``IndexError``
+    and a 500, before `_input_ids_hook` runs (a new-user review, 12-06). Other shapes are left
+    to SGLang's request model and `_check_input_embeds`."""
+    embeds = obj.input_embeds
+    if obj.text is not None or obj.input_ids is not None or not isinstance(embeds, list):
+        return
+    empty = ("input_embeds" if not embeds else
+             "input_embeds[0]" if isinstance(embeds[0], list) and not embeds[0] else None)
+    if empty is not None:
+        raise ValueError(f"{empty} is empty: send one row of the model's hidden size per token "
+                         "(for a batch, one list of such rows per prompt)")
+
+
+TOKEN_ID_END = 1 << 32  # the fast tokenizers' token ids are unsigned 32-bit
+
+
+def _detokenize_request_hook(original, self, request, *args, **kwargs):
+    """AROUND ``OpenAIServingDetokenize._validate_request`` (``/v1/detokenize`` and
+    ``/detokenize``; returns an error message for a 400, or None): token ids the tokenizer
+    cannot take are refused (`_detokenize_ids_error`). SGLang 0.5.23 passes them to the
+    tokenizer's ``decode``, whose ``OverflowError`` ("out of range integral type conversion
+    attempted") it answered with a 500 (a new-user review, 12-06). An id in range but past the
+    vocabulary still decodes to nothing, as in SGLang."""
+    why = _detokenize_ids_error(getattr(request, "tokens", None))
+    return why if why is not None else original(self, request, *args, **kwargs)
+
+
+def _detokenize_ids_error(tokens) -> str | None:
+    """Why ``/v1/detokenize``'s ``tokens`` (a list of ints, or a list of such lists) cannot be
+    decoded, naming the field and the first id below 0 or at or above `TOKEN_ID_END`; None if
+    every id is in range. Other types are left to SGLang's own checks."""
+    if not isinstance(tokens, list):
+        return None
+    for item in tokens:
+        for t in item if isinstance(item, list) else [item]:
+            if isinstance(t, int) and not 0 <= t < TOKEN_ID_END:
+                return (f"tokens holds token id {t}: a token id is an integer from 0 to "
+                        f"{TOKEN_ID_END - 1}")
+    return None
 
 
 def _per_prompt(value) -> list:

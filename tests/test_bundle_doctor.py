@@ -136,10 +136,11 @@ def test_doctor_json_report(doctor_json):
     assert checks["sglang"]["detail"].startswith("0.5.23")
     assert "sglang_rq.plugin:register" in checks["entry point"]["detail"]
     assert "OuroForCausalLM" in checks["plugin"]["detail"]
-    # the default (RQ) configuration installs 9 hooks: cell size, fixed overhead, byte budget,
+    # the default (RQ) configuration installs 12 hooks: cell size, fixed overhead, byte budget,
     # pool class, input-ids validation, CPU heap trim, n validation, the readiness probe's
-    # auth, chat request validation (sglang_rq/plugin.py docstring)
-    assert "10/10 hooks applied" in checks["plugin"]["detail"]
+    # auth, chat request validation, the weights-update rollback, the input_embeds batch
+    # check, detokenize validation (sglang_rq/plugin.py docstring)
+    assert "12/12 hooks applied" in checks["plugin"]["detail"]
     import torch
 
     if not torch.cuda.is_available():

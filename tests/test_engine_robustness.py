@@ -9,9 +9,10 @@ served with the RQ pool, ``--enable-metrics`` and a 1024-token pool:
 * with the prescale (default, `sglang_rq.prescale`): no group clips, the log names layer 1's
   prescale, and teacher-forced top-1 agreement with the BF16 pool on English text is at least
   0.75 and 0.1 above the unscaled pool's (measured 0.825 vs 0.654);
-* HTTP fuzzing of ``/generate``, ``/v1/completions`` and ``/v1/chat/completions``: every reply is
-  the status in `CASES` (4xx, or a 200 where SGLang 0.5.23 accepts the input, each with its
-  reason), no request hangs (30 s each), and afterwards greedy output is what it was before.
+* HTTP fuzzing of ``/generate``, ``/v1/completions``, ``/v1/chat/completions`` and
+  ``/v1/detokenize``: every reply is the status in `CASES` (4xx, or a 200 where SGLang 0.5.23
+  accepts the input, each with its reason), a refusal in `NAMED` names its field, no request
+  hangs (30 s each), and afterwards greedy output is what it was before.
 """
 
 from __future__ import annotations
@@ -219,7 +220,48 @@ CASES: list[tuple[str, str, object, int]] = [
         "max_new_tokens": 2, "stop_regex": "(a+)+b"}}, 400),
     ("stop-regex-nested-repeat-chat", CHAT, {"model": "m", "messages": MSG, "max_tokens": 2,
                                              "stop_regex": ["\\n", "(\\w*\\s?)*$"]}, 400),
+    # each a 500 until session 47 (the server kept serving): a chat response_format that is not
+    # an object, or its shorthand's schema a string (SGLang's set_json_schema called .get on it;
+    # http_errors.ObjectBody); a chat body nested past the JSON parser (ObjectBody's own
+    # RecursionError; now SGLang's 400); input_embeds [] or [[]] (SGLang's _determine_batch_size
+    # indexed the first row; plugin._embeds_batch_hook); detokenize ids below 0 or past 32 bits
+    # (the tokenizer's OverflowError; plugin._detokenize_request_hook)
+    ("response-format-string-chat", CHAT, {"model": "m", "messages": MSG, "max_tokens": 2,
+                                           "response_format": "json"}, 400),
+    ("response-format-number-chat", CHAT, {"model": "m", "messages": MSG, "max_tokens": 2,
+                                           "response_format": 5}, 400),
+    ("response-format-schema-string-chat", CHAT, {"model": "m", "messages": MSG, "max_tokens": 2,
+                                                  "response_format": {"type": "json_schema",
+                                                                      "schema": "a string"}}, 400),
+    # the full form: SGLang's request model refuses the string itself (a 400 before the fix too)
+    ("response-format-json-schema-schema-string-chat", CHAT, {
+        "model": "m", "messages": MSG, "max_tokens": 2, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": "a string"}}}, 400),
+    ("response-format-json-object-chat", CHAT, {"model": "m", "messages": MSG, "max_tokens": 2,
+                                                "response_format": {"type": "json_object"}}, 200),
+    ("nested-past-the-parser-chat", CHAT, b"[" * 100_000, 400),
+    ("input-embeds-empty-generate", GEN, {"input_embeds": [], "sampling_params": {
+        "max_new_tokens": 2}}, 400),
+    ("input-embeds-empty-row-generate", GEN, {"input_embeds": [[]], "sampling_params": {
+        "max_new_tokens": 2}}, 400),
+    ("detokenize-negative-id", "/v1/detokenize", {"tokens": [-1]}, 400),
+    ("detokenize-negative-id-in-batch", "/detokenize", {"tokens": [[1, 2], [-5]]}, 400),
+    ("detokenize-id-past-32-bits", "/v1/detokenize", {"tokens": [2**32]}, 400),
+    ("detokenize-ids", "/v1/detokenize", {"tokens": [1, 2, 3]}, 200),
 ]
+# text a case's reply must hold: the field its 400 names
+NAMED = {
+    "response-format-string-chat": "response_format must be a JSON object",
+    "response-format-number-chat": "response_format must be a JSON object",
+    "response-format-schema-string-chat": "response_format.schema must be a JSON object",
+    "response-format-json-schema-schema-string-chat":
+        "('body', 'response_format', 'ResponseFormat', 'json_schema', 'schema')",
+    "input-embeds-empty-generate": "input_embeds is empty",
+    "input-embeds-empty-row-generate": "input_embeds[0] is empty",
+    "detokenize-negative-id": "tokens holds token id -1:",
+    "detokenize-negative-id-in-batch": "tokens holds token id -5:",
+    "detokenize-id-past-32-bits": "tokens holds token id 4294967296:",
+}
 if not has_cuda():  # the CPU engine: these routes synchronized a CUDA device in the scheduler
     # and every process exited (a new-user review, 12-06); sglang_rq.http_errors.CPU_REFUSED
     CASES += [("release-memory-occupation-cpu", "/release_memory_occupation", {}, 400),
@@ -234,13 +276,15 @@ def _send(url: str, route: str, body: object) -> requests.Response:
 
 def test_http_fuzz_is_4xx_and_server_keeps_serving(server):
     before = _greedy(server.url)
-    got, leaks = {}, {}
+    got, leaks, unnamed = {}, {}, {}
     for name, route, body, _ in CASES:
         try:
             r = _send(server.url, route, body)
             got[name] = r.status_code
             if r.status_code == 400 and ('File "' in r.text or "site-packages" in r.text):
                 leaks[name] = r.text[-300:]  # the server's paths (sglang_rq.http_errors)
+            if name in NAMED and NAMED[name] not in r.text:
+                unnamed[name] = r.text[-300:]
         except requests.Timeout:
             got[name] = "timeout"
         except requests.ConnectionError:
@@ -249,6 +293,7 @@ def test_http_fuzz_is_4xx_and_server_keeps_serving(server):
     expected = {name: status for name, _, _, status in CASES}
     assert got == expected
     assert leaks == {}
+    assert unnamed == {}
     assert requests.get(server.url + "/health", timeout=TIMEOUT_S).status_code == 200
     assert _greedy(server.url) == before
 
@@ -267,6 +312,9 @@ def test_input_embeds_of_the_wrong_width_is_a_400_and_the_server_lives(ckpt, tmp
                            ([[0.0] * hidden, [0.0] * (hidden + 1)], f"row 1 holds {hidden + 1}")):
             r = _send(srv.url, GEN, {"input_embeds": rows, "sampling_params": params})
             assert r.status_code == 400 and what in r.text and f"{hidden} numbers" in r.text, r.text
+        for rows, what in (([], "input_embeds is empty"), ([[]], "input_embeds[0] is empty")):
+            r = _send(srv.url, GEN, {"input_embeds": rows, "sampling_params": params})
+            assert r.status_code == 400 and what in r.text, r.text  # a 500 until session 47
         r = _send(srv.url, GEN, {"input_embeds": [[0.01] * hidden] * 3, "sampling_params": params})
         assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 2, r.text
     finally:

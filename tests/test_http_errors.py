@@ -200,6 +200,73 @@ def test_chat_body_that_is_not_an_object_is_a_400_not_a_500(body, kind):
         assert client.post(path, content=bad, headers=js).status_code == 422  # FastAPI's own
 
 
+MSG = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("fmt,message", [
+    ("json", 'response_format must be a JSON object (such as {"type": "json_object"}), got a '
+             "string"),
+    (5, 'response_format must be a JSON object (such as {"type": "json_object"}), got a number'),
+    ([1], 'response_format must be a JSON object (such as {"type": "json_object"}), got an array'),
+    ({"type": "json_schema", "schema": "a string"},
+     "response_format.schema must be a JSON object (a JSON Schema), got a string"),
+    ({"type": "json_schema", "schema": {"properties": 5}},
+     "response_format.schema.properties must be a JSON object, got a number"),
+    ({"type": "json_schema", "schema": {"properties": "nostrict"}},
+     "response_format.schema.properties must be a JSON object, got a string"),
+    ({"type": "json_schema", "schema": {"properties": {"strict": True}}},
+     "response_format.schema.properties.strict must be a JSON object (a JSON Schema), got a "
+     "boolean"),
+])
+def test_chat_response_format_that_is_not_an_object_is_a_400_not_a_500(fmt, message):
+    """A new-user review (12-06): SGLang 0.5.23's ``set_json_schema`` validator calls ``.get`` on
+    ``response_format`` and on the ``schema`` of its shorthand ``{"type": "json_schema",
+    "schema": ...}``, so a string or number there was an ``AttributeError`` and a 500."""
+    calls: list = []
+    body = {"model": "m", "messages": MSG, "response_format": fmt}
+    bare = TestClient(_chat_app(calls), raise_server_exceptions=False)
+    assert bare.post("/v1/chat/completions", json=body).status_code == 500
+    app = _chat_app(calls)
+    http_errors.install_object_bodies(app)
+    client = TestClient(app)
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400 and r.json()["message"] == message
+    assert client.post("/v1/chat/completions", json={"model": "m", "messages": MSG}).json() == \
+        {"ok": True} and calls == ["hi"]
+
+
+@pytest.mark.parametrize("fmt", [
+    None, "", 0, {"type": "json_object"}, {"type": "text"},
+    {"type": "json_schema", "schema": {"type": "object", "properties": {"a": {"type": "string"}}}},
+    {"type": "json_schema", "schema": {"properties": {"strict": {"default": True}}}},
+    {"type": "json_schema", "schema": {"properties": {"strict": 0}}},
+    # the full form: the request model itself refuses a schema that is not an object (its 400)
+    {"type": "json_schema", "json_schema": {"name": "x", "schema": "a string"}},
+])
+def test_chat_response_formats_the_validator_reads_pass_to_sglang(fmt):
+    """Everything `http_errors.response_format_error` does not refuse reaches SGLang's request
+    model unchanged: accepted (the endpoint runs), or its own validation error (422 here)."""
+    calls: list = []
+    app = _chat_app(calls)
+    http_errors.install_object_bodies(app)
+    body = {"model": "m", "messages": MSG, "response_format": fmt}
+    bare = TestClient(_chat_app([])).post("/v1/chat/completions", json=body)
+    r = TestClient(app).post("/v1/chat/completions", json=body)
+    assert r.status_code == bare.status_code and r.status_code in (200, 422), r.text
+    assert calls == (["hi"] if r.status_code == 200 else [])
+
+
+def test_chat_body_nested_past_the_parser_passes_to_fastapi():
+    """A body nested deeper than Python's JSON parser goes (``RecursionError``, not a
+    ``ValueError``) reaches FastAPI, which answers its own 400, as without the middleware."""
+    app = _chat_app([])
+    http_errors.install_object_bodies(app)
+    for body in (b"[" * 100_000, b'{"messages": ' + b"[" * 100_000):
+        r = TestClient(app).post("/v1/chat/completions", content=body,
+                                 headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json() == {"detail": "There was an error parsing the body"}
+
+
 def test_object_body_check_refuses_a_started_app():
     app = _chat_app([])
     TestClient(app).post("/v1/completions", json={"prompt": "x"})  # builds the middleware stack

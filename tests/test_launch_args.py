@@ -616,6 +616,74 @@ def test_a_list_of_sampling_params_must_match_the_prompts(clean_env, text, param
         _handled(GenerateReqInput(text=text, sampling_params=params))
 
 
+@pytest.mark.parametrize("embeds,field", [([], "input_embeds"), ([[]], "input_embeds[0]")])
+def test_input_embeds_without_a_first_row_is_refused_before_sglang_reads_it(embeds, field):
+    """`plugin._embeds_batch_hook` around SGLang's own ``_determine_batch_size``, which reads
+    ``input_embeds[0][0]``: ``[]`` and ``[[]]`` were an IndexError there, a 500 (a new-user
+    review, 12-06); now a ValueError (SGLang's 400) naming the field."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    from sglang_rq.plugin import _embeds_batch_hook
+
+    bare = GenerateReqInput(input_embeds=embeds)
+    bare._validate_inputs()
+    with pytest.raises(IndexError):  # SGLang alone
+        bare._determine_batch_size()
+    obj = GenerateReqInput(input_embeds=embeds)
+    obj._validate_inputs()
+    with pytest.raises(ValueError, match=rf"^{re.escape(field)} is empty: send one row of the "
+                                         r"model's hidden size per token"):
+        _embeds_batch_hook(GenerateReqInput._determine_batch_size, obj)
+
+
+@pytest.mark.parametrize("kw,single,size", [
+    ({"input_embeds": [[0.5, 0.25]]}, True, 1),  # one prompt of one token
+    ({"input_embeds": [[[0.5]], [[0.25], [0.75]]]}, False, 2),  # a batch of two prompts
+    ({"input_embeds": [[[0.5]], []]}, False, 2),  # a later empty prompt: `_check_input_embeds`
+    ({"text": "hi", "input_embeds": []}, True, 1),  # SGLang drops embeds beside text
+    ({"input_ids": [[1], [2]], "input_embeds": [[]]}, False, 2),  # ... and beside input_ids
+])
+def test_input_embeds_with_a_first_row_pass_to_sglang(kw, single, size):
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    from sglang_rq.plugin import _embeds_batch_hook
+
+    obj = GenerateReqInput(**kw)
+    obj._validate_inputs()
+    _embeds_batch_hook(GenerateReqInput._determine_batch_size, obj)
+    assert (obj.is_single, obj.batch_size) == (single, size)
+
+
+def test_detokenize_ids_the_tokenizer_cannot_take_are_refused():
+    """`plugin._detokenize_request_hook` around SGLang's ``_validate_request``: ``/v1/detokenize``
+    with ``tokens: [-1]`` was the tokenizer's OverflowError, answered 500 (a new-user review,
+    12-06). The bound is the fast tokenizer's: 2**32 - 1 decodes (to nothing, past the
+    vocabulary), 2**32 and -1 raise; every id of a batch is checked."""
+    from sglang.srt.entrypoints.openai.protocol import DetokenizeRequest
+    from sglang.srt.entrypoints.openai.serving_base import OpenAIServingBase
+    from tokenizers import Tokenizer
+
+    from sglang_rq.models.embedded import EMBEDDED_MODEL
+    from sglang_rq.plugin import _detokenize_request_hook
+
+    tok = Tokenizer.from_file(str(EMBEDDED_MODEL / "tokenizer.json"))
+    assert tok.decode([2**32 - 1]) == ""
+    for bad in (-1, 2**32):
+        with pytest.raises(OverflowError):
+            tok.decode([bad])
+
+    def check(tokens):
+        return _detokenize_request_hook(OpenAIServingBase._validate_request, None,
+                                        DetokenizeRequest(tokens=tokens))
+
+    for tokens, bad in (([-1], -1), ([5, -7, 3], -7), ([[1, 2], [-5]], -5), ([2**32], 2**32),
+                        ([[3], [4, 2**40]], 2**40)):
+        assert check(tokens) == (f"tokens holds token id {bad}: a token id is an integer from 0 "
+                                 "to 4294967295")
+    for tokens in ([], [0, 1, 2], [[0], [2**32 - 1]], [[]]):
+        assert check(tokens) is None  # SGLang's own (it checks nothing here)
+
+
 def test_recurrences_past_the_ceiling_are_refused():
     """A seventh new-user review (session 42): ``--rq-recurrences 100000000`` grew memory for
     minutes while the pool's slot tables were built (no upper bound)."""
