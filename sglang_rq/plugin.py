@@ -85,26 +85,20 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     cfg = RQConfig.from_json(raw)
-    targets = [HOOK_TARGETS[2], HOOK_TARGETS[4], HOOK_TARGETS[5], HOOK_TARGETS[6],
-               HOOK_TARGETS[7], HOOK_TARGETS[8], HOOK_TARGETS[9], HOOK_TARGETS[10],
-               HOOK_TARGETS[11]]
-    HookRegistry.register(HOOK_TARGETS[7], _probe_auth_hook, HookType.AROUND)
-    HookRegistry.register(HOOK_TARGETS[9], _weights_from_disk_hook, HookType.AROUND)
-    HookRegistry.register(HOOK_TARGETS[8], _chat_request_hook, HookType.AROUND)
-    HookRegistry.register(HOOK_TARGETS[2], _budget_hook, HookType.AROUND)
-    HookRegistry.register(HOOK_TARGETS[4], _input_ids_hook, HookType.AROUND)
-    HookRegistry.register(HOOK_TARGETS[5], _trim_heap_hook, HookType.AFTER)
-    HookRegistry.register(HOOK_TARGETS[6], _parallel_samples_hook, HookType.AROUND)
-    HookRegistry.register(HOOK_TARGETS[10], _embeds_batch_hook, HookType.AROUND)
-    HookRegistry.register(HOOK_TARGETS[11], _detokenize_request_hook, HookType.AROUND)
+    around, after = HookType.AROUND, HookType.AFTER
+    hooks = [(7, _probe_auth_hook, around), (9, _weights_from_disk_hook, around),
+             (8, _chat_request_hook, around), (2, _budget_hook, around),
+             (4, _input_ids_hook, around), (5, _trim_heap_hook, after),
+             (6, _parallel_samples_hook, around), (10, _embeds_batch_hook, around),
+             (11, _detokenize_request_hook, around)]
     if cfg.enabled:
         _Runtime.cfg = cfg
-        targets = list(HOOK_TARGETS)
-        HookRegistry.register(HOOK_TARGETS[0], _cell_size_hook, HookType.AROUND)
-        HookRegistry.register(HOOK_TARGETS[1], _fixed_overhead_hook, HookType.AFTER)
-        HookRegistry.register(HOOK_TARGETS[3], _pool_cls_hook, HookType.AROUND)
+        hooks += [(0, _cell_size_hook, around), (1, _fixed_overhead_hook, after),
+                  (3, _pool_cls_hook, around)]
+    for i, hook, kind in hooks:
+        HookRegistry.register(HOOK_TARGETS[i], hook, kind)
     HookRegistry.apply_hooks()
-    verify_hooks(targets)
+    verify_hooks([HOOK_TARGETS[i] for i, _, _ in hooks])
     logger.info("sglang-rq: KV cache format: %s", cfg.describe())
 
 
